@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One-time set-up of the project's environment in .venv (idempotent).
+#
+#   bash launch/setup.sh
+#
+# - torch 2.13.0: the CPU wheel when no GPU is visible, the CUDA build otherwise.
+#   torch is installed first and pinned, so nothing later lets pip pull CUDA torch.
+# - sglang 0.5.23 with --no-deps, then its runtime deps from pinned lists.
+# - On a machine without a GPU build of sgl_kernel: the project's CPU stand-ins
+#   (tangram_sglang/cpu_compat/) go on sys.path through one .pth file.
+# - tangram_sglang itself, editable.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${TANGRAM_VENV:-.venv}
+PY=${PYTHON:-python3}
+
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  GPU=1; TORCH="torch==2.13.0"
+else
+  GPU=0; TORCH="torch==2.13.0"   # pip finds the local CPU wheel (find-links) first
+fi
+echo "[setup] gpu=$GPU venv=$VENV"
+pip install "$TORCH"
+TORCH_VER=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')
+echo "torch==$TORCH_VER" > "$VENV/torch-constraint.txt"
+echo "[setup] torch $TORCH_VER"
+
+pip install --no-deps sglang==0.5.23 triton==3.8.0 apache-tvm-ffi==0.1.11
+pip install -c "$VENV/torch-constraint.txt" -r launch/requirements-cpu.txt -r launch/requirements-dev.txt
+if [ "$GPU" = 1 ]; then
+  pip install -c "$VENV/torch-constraint.txt" -r launch/requirements-gpu.txt
+fi
+pip install --no-deps --no-build-isolation -e . 2>/dev/null || pip install --no-deps -e .
+"$VENV/bin/python" -m tangram_sglang.cpu_compat.install
+echo "[setup] done: $("$VENV/bin/python" -c 'import sglang, torch; print("sglang", sglang.__version__, "torch", torch.__version__)')"

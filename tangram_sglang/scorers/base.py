@@ -1,0 +1,48 @@
+"""The scorer interface: rate every token of a prefill chunk for every KV head.
+
+One small contract shared by calibration (offline, on a Hugging Face model)
+and serving (inside chunked prefill): a scorer sees only tensors.
+
+    scores = scorer.score(q, k, v, state)   # float32 [num_kv_heads, n]
+
+q: [n, num_q_heads, d] the chunk's queries (after RoPE), query head j belongs
+   to KV head j // (num_q_heads // num_kv_heads) (GQA);
+k, v: [n, num_kv_heads, d] the chunk's keys (after RoPE) and values;
+state: a ScorerState for this (request, layer), or None. Scorers that need
+   history across chunks (e.g. running query statistics) read and update it.
+Higher score = more important. Ties are broken by position (later wins) in
+the selection code, not here. Scorers must not modify q, k, v.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ScorerState:
+    """Per-(request, layer) memory a scorer may keep across chunks."""
+
+    tokens_seen: int = 0
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Scorer:
+    """Base class. Subclasses set ``name`` and implement ``score``."""
+
+    name: str = ""
+
+    def score(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              state: ScorerState | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class KeyNormScorer(Scorer):
+    """Tokens with a small key norm draw attention (Devoto et al. 2024): score = -||k||."""
+
+    name = "key_norm"
+
+    def score(self, q, k, v, state=None):
+        return -k.float().norm(dim=-1).transpose(0, 1).contiguous()
