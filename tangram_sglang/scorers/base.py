@@ -9,7 +9,9 @@ q: [n, num_q_heads, d] the chunk's queries (after RoPE), query head j belongs
    to KV head j // (num_q_heads // num_kv_heads) (GQA);
 k, v: [n, num_kv_heads, d] the chunk's keys (after RoPE) and values;
 state: a ScorerState for this (request, layer), or None. Scorers that need
-   history across chunks (e.g. running query statistics) read and update it.
+   history across chunks (e.g. running query statistics) read and update it;
+   every scorer advances state.tokens_seen by n (the caller does not), so
+   tokens_seen is the sequence position of the next chunk's first token.
 Higher score = more important. Ties are broken by position (later wins) in
 the selection code, not here. Scorers must not modify q, k, v.
 """
@@ -45,4 +47,6 @@ class KeyNormScorer(Scorer):
     name = "key_norm"
 
     def score(self, q, k, v, state=None):
+        if state is not None:
+            state.tokens_seen += k.shape[0]
         return -k.float().norm(dim=-1).transpose(0, 1).contiguous()

@@ -1,0 +1,42 @@
+"""Scorers by name: ``get_scorer("snapkv", window=64) -> Scorer``."""
+
+from __future__ import annotations
+
+from .base import KeyNormScorer, Scorer
+from .expected_attention import ExpectedAttentionScorer
+from .keydiff import KeyDiffScorer
+from .snapkv import SnapKVScorer
+from .streaming_llm import StreamingLLMScorer
+from .uniform import UniformScorer
+
+SCORERS: dict[str, type[Scorer]] = {
+    "snapkv": SnapKVScorer,
+    "expected_attention": ExpectedAttentionScorer,
+    "keydiff": KeyDiffScorer,
+    "key_norm": KeyNormScorer,
+    "streaming_llm": StreamingLLMScorer,
+    "uniform": UniformScorer,
+}
+ALIASES = {"ea": "expected_attention", "keynorm": "key_norm", "streamingllm": "streaming_llm"}
+
+
+def scorer_names() -> tuple[str, ...]:
+    return tuple(SCORERS)
+
+
+def canonical_name(name: str) -> str:
+    """The registry name for ``name`` or an alias; ValueError listing the known ones."""
+    key = ALIASES.get(name, name)
+    if key not in SCORERS:
+        raise ValueError(f"unknown scorer {name!r}; known scorers: {', '.join(SCORERS)} "
+                         f"(aliases: {', '.join(ALIASES)})")
+    return key
+
+
+def get_scorer(name: str, **options) -> Scorer:
+    """A scorer instance; options go to its dataclass (e.g. window=, n_sink=)."""
+    cls = SCORERS[canonical_name(name)]
+    try:
+        return cls(**options)
+    except TypeError as exc:
+        raise ValueError(f"bad options for scorer {name!r}: {exc}") from None
