@@ -1,0 +1,101 @@
+"""Compression fused into chunk prefill: score, keep per head, write.
+
+For each request's chunk of n tokens the method's scorer rates every token
+per KV head (float32 [H, n], higher = more important, scorers/base.py). Each
+head of group g keeps its top k_g(n) = keep_count(beta_g, n) tokens (every
+head of a group keeps the group's count, so the pool's reservation and the
+written slots agree), and only those K/V are written, in position order, into
+the slots reserved for them.
+
+Tie rule (as tangram_sglang.selection): among equal scores the later position
+wins. Selection is vectorized over the batch; the scorer is called once per
+request (its contract is one sequence at a time).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..budgets import keep_count
+from .kv_write import write_kept_kv
+from .layer_meta import LayerMeta
+from .prefill_reference import pad_index
+
+
+def group_keep_counts(meta: LayerMeta, chunk_lens) -> torch.Tensor:
+    """k_g(n_b) = ceil(beta_g * n_b) for every request and group: int64 [B, G].
+
+    chunk_lens: int [B], tokens of each request's chunk.
+    """
+    if meta.group_budget is None:
+        raise ValueError("LayerMeta has no group_budget; build it from a profile entry")
+    n = np.asarray(torch.as_tensor(chunk_lens).cpu(), dtype=np.int64)
+    counts = keep_count(meta.group_budget[None, :], n[:, None])
+    return torch.as_tensor(counts, dtype=torch.int64, device=meta.kv_head.device)
+
+
+def score_chunks(scorer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 cu_seqlens: torch.Tensor, states=None) -> torch.Tensor:
+    """Scores of every request's chunk, padded: float32 [B, H, n_max].
+
+    Padding positions get -inf; real scores are clamped to >= -max_float so a
+    real token always outranks padding. states: per-request ScorerState or None.
+    """
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    batch, n_max = len(cu) - 1, max((b - a for a, b in zip(cu, cu[1:])), default=0)
+    out = torch.full((batch, k.shape[1], n_max), float("-inf"), device=k.device)
+    lowest = torch.finfo(torch.float32).min
+    for b in range(batch):
+        a, e = cu[b], cu[b + 1]
+        if e > a:
+            state = None if states is None else states[b]
+            out[b, :, : e - a] = torch.clamp(scorer.score(q[a:e], k[a:e], v[a:e], state).float(), min=lowest)
+    return out
+
+
+def select_kept(scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Per-head top-k positions, returned in ascending position order.
+
+    scores: float32 [B, H, n]; counts: int [B, H], each <= real tokens of b.
+    Returns int64 [B, H, kmax], kmax = max(counts); entry j of (b, h) is valid for
+    j < counts[b, h] (later entries are n, a sentinel).
+    """
+    n = scores.shape[-1]
+    order = (n - 1) - torch.sort(scores.flip(-1), dim=-1, descending=True, stable=True).indices
+    kmax = int(counts.max()) if counts.numel() else 0
+    chosen = order[..., :kmax]
+    j = torch.arange(kmax, device=scores.device)
+    chosen = torch.where(j < counts[..., None].to(torch.int64), chosen, n)
+    return torch.sort(chosen, dim=-1).values
+
+
+def compress_and_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                       scorer, states, meta: LayerMeta, keep: torch.Tensor, out_loc: torch.Tensor,
+                       k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+    """Score each chunk, keep each head's top k_g(n) tokens, write them to out_loc.
+
+    Parameters
+    ----------
+    q : [T, Hq, d]; k, v : [T, H, d], the batch's chunks, concatenated (after RoPE).
+    cu_seqlens : int [B + 1]; scorer : a Scorer; states : per-request ScorerState or None.
+    meta : LayerMeta; keep : int64 [B, G], slots per head of (b, g) (group_keep_counts).
+    out_loc : int64 [sum(keep)], the reserved flat slots in (b, g, j) order (slot_locs).
+    k_pages, v_pages : [num_pages, P, H_p, d], written in place.
+
+    Returns
+    -------
+    kept : int64 [B, H, kmax], kept chunk positions per head (ascending; sentinel n_max
+        past the head's count), for tests and debugging.
+    """
+    expected = int(keep.sum())
+    if out_loc.numel() != expected:
+        raise ValueError(f"out_loc has {out_loc.numel()} slots, keep counts need {expected}")
+    scores = score_chunks(scorer, q, k, v, cu_seqlens, states)
+    per_head = keep[:, meta.group_of_head]  # [B, H]
+    kept = select_kept(scores, per_head)
+    _, _, n_max = pad_index(cu_seqlens)
+    start = cu_seqlens[:-1].to(torch.int64)[:, None, None]
+    token = torch.where(kept < n_max, start + kept, 0)
+    write_kept_kv(k, v, token, keep, out_loc, meta, k_pages, v_pages)
+    return kept

@@ -1,0 +1,77 @@
+"""Cut every (request, group) slot range into pieces and gather their K/V.
+
+A piece is a contiguous run of slots of one item (b, g): (item, start, length)
+with length >= 1 (empty pieces are never made, so every gathered row of a
+piece points at written, finite K/V). Two cuts, both vectorized:
+
+- split_pieces: the split map's cut, S[g] pieces per item (what the GPU
+  kernels do; the torch path uses it to mirror them exactly);
+- tile_pieces: fixed tiles of ``tile`` slots, the CPU data plane's cut (reads
+  the KV it needs plus less than one tile per item).
+
+Worked example, seq_lens [[5, 0]], S = [2, 1]: split_pieces -> item [0, 0],
+start [0, 3], length [3, 2]; tile_pieces(tile=4) -> item [0, 0], start [0, 4],
+length [4, 1]. Item ids are b * G + g.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """item, start, length: int64 [NP] (length >= 1); num_items = B * G."""
+
+    item: torch.Tensor
+    start: torch.Tensor
+    length: torch.Tensor
+    num_items: int
+
+    @property
+    def width(self) -> int:
+        """Longest piece (0 when there are none): the padded gather width."""
+        return int(self.length.max()) if self.length.numel() else 0
+
+
+def _cut(lens: torch.Tensor, piece_len: torch.Tensor) -> Pieces:
+    """lens, piece_len: int64 [NI] (piece_len >= 1). Consecutive pieces of piece_len slots."""
+    count = torch.div(lens + piece_len - 1, piece_len, rounding_mode="floor")
+    item = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), count)
+    first = torch.cumsum(count, 0) - count
+    index = torch.arange(item.numel(), device=lens.device) - first[item]
+    start = index * piece_len[item]
+    length = torch.minimum(piece_len[item], lens[item] - start)
+    return Pieces(item, start, length, lens.numel())
+
+
+def split_pieces(seq_lens: torch.Tensor, splits: torch.Tensor) -> Pieces:
+    """seq_lens int [B, G]; splits int [G] -> the non-empty pieces of the split map's cut."""
+    lens = seq_lens.to(torch.int64)
+    s = splits.to(torch.int64).to(lens.device).expand_as(lens)
+    piece_len = torch.clamp(torch.div(lens + s - 1, s, rounding_mode="floor"), min=1)
+    return _cut(lens.reshape(-1), piece_len.reshape(-1))
+
+
+def tile_pieces(seq_lens: torch.Tensor, tile: int) -> Pieces:
+    """seq_lens int [B, G] -> pieces of at most ``tile`` slots."""
+    lens = seq_lens.to(torch.int64).reshape(-1)
+    return _cut(lens, torch.full_like(lens, tile))
+
+
+def piece_slots(pieces: Pieces, block_table: torch.Tensor, page_size: int):
+    """Flat pool slots of every piece, padded to the longest.
+
+    block_table: int [B, G, max_pages]. Returns (loc int64 [NP, W], valid bool [NP, W]);
+    padding columns repeat the piece's first slot (written data, never garbage).
+    """
+    width = pieces.width
+    col = torch.arange(width, device=pieces.start.device)
+    valid = col < pieces.length[:, None]
+    pos = pieces.start[:, None] + torch.where(valid, col, 0)
+    max_pages = block_table.shape[-1]
+    table = block_table.reshape(-1).to(torch.int64)
+    page = table[pieces.item[:, None] * max_pages + torch.div(pos, page_size, rounding_mode="floor")]
+    return page * page_size + pos % page_size, valid

@@ -1,0 +1,101 @@
+"""Torch reference of chunk prefill attention over ragged groups.
+
+A chunk's query i of request b attends, per KV head h, to the cached slots of
+h's group (all of them: they precede the chunk) and to the chunk's own keys
+0..i of head h (causal, uncompressed: compression writes the kept ones
+afterwards). The two partial results are merged by log-sum-exp.
+
+The batch is packed as SGLang gives it: the chunks of all requests
+concatenated, request b's tokens at cu_seqlens[b] .. cu_seqlens[b + 1]. They
+are padded to [B, n_max] for the batched math; a request with an empty chunk
+is allowed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .layer_meta import LayerMeta
+from .merge import merge_two
+from .pieces import tile_pieces
+from .reference import attend_cached
+
+DEFAULT_TILE = 128
+
+
+def pad_index(cu_seqlens: torch.Tensor):
+    """cu_seqlens int [B + 1] -> (req int64 [T], pos int64 [T], n_max): token t is
+    query pos[t] of request req[t]."""
+    cu = cu_seqlens.to(torch.int64)
+    lens = cu[1:] - cu[:-1]
+    req = torch.repeat_interleave(torch.arange(lens.numel(), device=cu.device), lens)
+    pos = torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][req]
+    return req, pos, int(lens.max()) if lens.numel() else 0
+
+
+def chunk_self_attention(q_pad: torch.Tensor, k_pad: torch.Tensor, v_pad: torch.Tensor,
+                         lens: torch.Tensor, sm_scale: float):
+    """Causal attention of each padded chunk to itself, GQA aware.
+
+    q_pad: [B, n, Hq, d]; k_pad, v_pad: [B, n, H, d]; lens: int64 [B] real tokens.
+    Returns (o float32 [B, n, Hq, d], lse float32 [B, n, Hq]); padding rows are finite.
+    """
+    b, n, hq, d = q_pad.shape
+    h = k_pad.shape[2]
+    gqa = hq // h
+    q = q_pad.float().view(b, n, h, gqa, d).permute(0, 2, 1, 3, 4).reshape(b, h, n * gqa, d)
+    k = k_pad.float().permute(0, 2, 3, 1)  # [B, H, d, n]
+    s = torch.matmul(q, k) * sm_scale  # [B, H, n * gqa, n]
+    row_pos = torch.arange(n, device=q.device).repeat_interleave(gqa)
+    col = torch.arange(n, device=q.device)
+    allowed = (col[None, :] <= row_pos[:, None])[None] & (col[None, None, :] < lens[:, None, None])
+    allowed = allowed | (col[None, None, :] == 0)  # padding rows see column 0: stays finite
+    s = s.masked_fill(~allowed[:, None], float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    p = torch.exp(s - m)
+    denom = p.sum(dim=-1)
+    o = torch.matmul(p, v_pad.float().transpose(1, 2)) / denom[..., None]  # [B, H, n*gqa, d]
+    lse = m.squeeze(-1) + torch.log(denom)
+    o = o.view(b, h, n, gqa, d).permute(0, 2, 1, 3, 4).reshape(b, n, hq, d)
+    lse = lse.view(b, h, n, gqa).permute(0, 2, 1, 3).reshape(b, n, hq)
+    return o, lse
+
+
+def _pad(x: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, batch: int, n: int) -> torch.Tensor:
+    out = torch.zeros((batch, n, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    out[req, pos] = x
+    return out
+
+
+def ragged_prefill_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               cu_seqlens: torch.Tensor, k_pages: torch.Tensor,
+                               v_pages: torch.Tensor, block_table: torch.Tensor,
+                               seq_lens: torch.Tensor, meta: LayerMeta, sm_scale: float,
+                               *, tile: int = DEFAULT_TILE) -> torch.Tensor:
+    """Chunk prefill attention of one layer.
+
+    Parameters
+    ----------
+    q : [T, Hq, d], the batch's chunk queries, concatenated.
+    k, v : [T, H, d], the chunks' own keys and values (all of them, uncompressed).
+    cu_seqlens : int [B + 1], request b owns tokens cu_seqlens[b] .. cu_seqlens[b+1].
+    k_pages, v_pages : [num_pages, P, H_p, d]; block_table int32 [B, G, max_pages];
+    seq_lens : int32 [B, G], cached slots of (b, g) before this chunk (0 allowed).
+    meta : LayerMeta; sm_scale : softmax scale; tile : piece size of the cached part.
+
+    Returns
+    -------
+    o : [T, Hq, d] in q's dtype.
+    """
+    batch = cu_seqlens.numel() - 1
+    req, pos, n = pad_index(cu_seqlens)
+    if n == 0:
+        return torch.empty_like(q)
+    q_pad = _pad(q, req, pos, batch, n)
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+    o_self, lse_self = chunk_self_attention(q_pad, _pad(k, req, pos, batch, n),
+                                            _pad(v, req, pos, batch, n), lens, sm_scale)
+    pieces = tile_pieces(seq_lens, tile)
+    o_old, lse_old = attend_cached(q_pad, k_pages, v_pages, block_table, seq_lens, meta, pieces, sm_scale)
+    o, _ = merge_two(o_old, lse_old, o_self, lse_self)
+    return o[req, pos].to(q.dtype)

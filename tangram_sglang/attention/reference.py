@@ -1,0 +1,112 @@
+"""Torch reference of ragged-group attention: the CPU data plane.
+
+Vectorized across the batch and the layer's groups: every (request, group)
+slot range is cut into pieces (pieces.py), the pieces are gathered from the
+pages into one padded batch, attended with two batched matmuls and merged
+per (request, group) by log-sum-exp (merge.py). No Python loop per request
+or group. The Triton and CUDA decode kernels have the same signature as
+``ragged_decode_torch`` and are tested against it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .layer_meta import LayerMeta
+from .merge import merge_by_item
+from .pieces import Pieces, piece_slots, split_pieces, tile_pieces
+from .split_row import SplitRow
+
+
+def group_rows(q_rows: torch.Tensor, meta: LayerMeta) -> torch.Tensor:
+    """Query rows of every (request, group), float32.
+
+    q_rows: [B, M, Hq, d] (M queries per request) -> [B * G, H_p, M * gqa, d];
+    row m * gqa + j of head slot p is query m of head groups[g][p] * gqa + j.
+    """
+    b, m, _, d = q_rows.shape
+    g, hp, gqa = meta.num_groups, meta.heads_per_group, meta.gqa
+    qg = q_rows.float()[:, :, meta.q_head.reshape(-1)]
+    return qg.view(b, m, g, hp, gqa, d).permute(0, 2, 3, 1, 4, 5).reshape(b * g, hp, m * gqa, d)
+
+
+def ungroup_rows(x: torch.Tensor, meta: LayerMeta, batch: int, num_q: int) -> torch.Tensor:
+    """Inverse of group_rows: [B * G, H_p, M * gqa, *tail] -> [B, M, Hq, *tail]."""
+    g, hp, gqa = meta.num_groups, meta.heads_per_group, meta.gqa
+    tail = x.shape[3:]
+    x = x.reshape(batch, g, hp, num_q, gqa, *tail).transpose(1, 3).transpose(2, 3)
+    return x.reshape(batch, num_q, g * hp * gqa, *tail)[:, :, meta.q_row]
+
+
+def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                  block_table: torch.Tensor, pieces: Pieces, sm_scale: float):
+    """Partial attention of every piece.
+
+    qg: float32 [B * G, H_p, Mg, d] (group_rows); k_pages, v_pages: [num_pages, P, H_p, d].
+    Returns (o float32 [NP, H_p, Mg, d], lse float32 [NP, H_p, Mg]).
+    """
+    _, page_size, hp, d = k_pages.shape
+    loc, valid = piece_slots(pieces, block_table, page_size)
+    k = k_pages.reshape(-1, hp, d)[loc].float().permute(0, 2, 3, 1)  # [NP, H_p, d, W]
+    v = v_pages.reshape(-1, hp, d)[loc].float().transpose(1, 2)  # [NP, H_p, W, d]
+    s = torch.matmul(qg[pieces.item], k) * sm_scale  # [NP, H_p, Mg, W]
+    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)  # finite: every piece has >= 1 slot
+    p = torch.exp(s - m)
+    denom = p.sum(dim=-1)
+    o = torch.matmul(p, v) / denom[..., None]
+    return o, m.squeeze(-1) + torch.log(denom)
+
+
+def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                  block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
+                  pieces: Pieces, sm_scale: float):
+    """Every query row attends to all cached slots of its group (no causal mask).
+
+    q_rows: [B, M, Hq, d]; block_table: int32 [B, G, max_pages]; seq_lens: int32 [B, G].
+    Returns (o float32 [B, M, Hq, d], lse float32 [B, M, Hq]); a query whose group
+    holds no slot gets o = 0, lse = -inf.
+    """
+    batch, num_q, _, d = q_rows.shape
+    qg = group_rows(q_rows, meta)
+    if pieces.item.numel() == 0:
+        o = torch.zeros(qg.shape, dtype=torch.float32, device=qg.device)
+        lse = torch.full(qg.shape[:-1], float("-inf"), device=qg.device)
+    else:
+        o, lse = attend_pieces(qg, k_pages, v_pages, block_table, pieces, sm_scale)
+        o, lse = merge_by_item(o, lse, pieces.item, pieces.num_items)
+    return ungroup_rows(o, meta, batch, num_q), ungroup_rows(lse, meta, batch, num_q)
+
+
+def decode_pieces(seq_lens: torch.Tensor, split: SplitRow, tile: int | None) -> Pieces:
+    """The split map's cut (tile None), or fixed tiles of ``tile`` slots (CPU data plane)."""
+    return split_pieces(seq_lens, split.splits) if tile is None else tile_pieces(seq_lens, tile)
+
+
+def ragged_decode_torch(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                        block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
+                        split: SplitRow, sm_scale: float, *, tile: int | None = None,
+                        return_lse: bool = False):
+    """Decode attention of one layer over ragged groups.
+
+    Parameters
+    ----------
+    q : [B, Hq, d], one query per request.
+    k_pages, v_pages : [num_pages, P, H_p, d], the pool's pages.
+    block_table : int32 [B, G, max_pages], pages of (b, g); slot s is page
+        block_table[b, g, s // P], offset s % P. Entries past seq_lens are never read.
+    seq_lens : int32 [B, G], slots held by (b, g) (0 allowed).
+    meta : LayerMeta of the layer.
+    split : SplitRow of the layer (S[l]); the result does not depend on it.
+    sm_scale : softmax scale.
+    tile : None cuts each (b, g) into S[g] pieces like the kernels; an int cuts
+        into tiles of that many slots (the CPU data plane's choice).
+
+    Returns
+    -------
+    o : [B, Hq, d] in q's dtype (and lse float32 [B, Hq] if return_lse).
+    """
+    pieces = decode_pieces(seq_lens, split, tile)
+    o, lse = attend_cached(q[:, None], k_pages, v_pages, block_table, seq_lens, meta, pieces, sm_scale)
+    o = o[:, 0].to(q.dtype)
+    return (o, lse[:, 0]) if return_lse else o

@@ -1,0 +1,1 @@
+"""Offline calibration: pilot data, the pilot runner, statistics and the regularity report."""

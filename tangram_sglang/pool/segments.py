@@ -1,0 +1,131 @@
+"""Segments: cached KV ranges the radix tree shares, holding page references.
+
+A segment is one prefill chunk of one request (compressed: keep_count(beta_v, n)
+slots per v) or a run of generated tokens (uncompressed: 1 slot per token per
+v). It covers slot range [start[v], end[v]) of its chain (the path from the
+tree root), i.e. chain page columns [start // P, ceil(end / P)). Consecutive
+segments may share the boundary page column; when they do, the LATER segment's
+page is the one a reader uses (it holds the earlier segment's tail too: either
+the same page written in place, or a copy of it).
+
+Every segment holds one reference per page (PagePool refcount), so evicting a
+segment frees exactly the pages nothing else holds, and a request reading a
+prefix holds its own references: eviction never pulls pages from under it.
+
+Worked example, P=4, one v: segment A slots [0, 6) pages [5, 8]; segment B
+(extends A in place) slots [6, 9) columns [1, 3) pages [8, 2]. assemble([A, B])
+-> pages [5, 8, 2], lens 9. Page 8 has refcount 2 (A and B).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .page_pool import PagePool
+from .request_pages import ragged_index
+from .spec import PoolError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    seg_id: int
+    num_tokens: int
+    compressed: bool
+    start_slots: np.ndarray   # int64 [V]
+    end_slots: np.ndarray     # int64 [V]
+    page_counts: np.ndarray   # int64 [V]
+    page_ids: np.ndarray      # int32 [sum(page_counts)], ordered by v
+
+    def first_columns(self, page_size: int) -> np.ndarray:
+        return self.start_slots // page_size
+
+    @property
+    def num_pages(self) -> int:
+        return int(self.page_counts.sum())
+
+
+def page_columns(start: np.ndarray, end: np.ndarray, page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Chain page columns [first, stop) covering slots [start, end) per v (empty range -> none)."""
+    first = start // page_size
+    stop = np.where(end > start, -(-end // page_size), first)
+    return first, stop
+
+
+def assemble(chain: list[Segment], num_virtual: int, page_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Page table of a chain: (pages int32 [V, W] -1 padded, npages [V], lens [V])."""
+    lens = np.zeros(num_virtual, dtype=np.int64)
+    for seg in chain:
+        if not np.array_equal(seg.start_slots, lens):
+            raise PoolError(f"segment {seg.seg_id} does not start where the chain before it ends")
+        lens = seg.end_slots
+    npages = -(-lens // page_size)
+    pages = np.full((num_virtual, max(1, int(npages.max(initial=0)))), -1, dtype=np.int32)
+    for seg in chain:
+        rows, pos = ragged_index(seg.page_counts)
+        pages[rows, seg.first_columns(page_size)[rows] + pos] = seg.page_ids
+    return pages, npages, lens.copy()
+
+
+class SegmentStore:
+    """The segments alive in the tree, by id; each holds references on its pages."""
+
+    def __init__(self, pool: PagePool, page_size: int):
+        self.pool = pool
+        self.page_size = page_size
+        self.segments: dict[int, Segment] = {}
+        self._ids = itertools.count()
+
+    def add(self, *, num_tokens: int, compressed: bool, start: np.ndarray, end: np.ndarray,
+            page_counts: np.ndarray, page_ids: np.ndarray) -> Segment:
+        """Register a segment over pages someone already holds; takes its own references."""
+        seg = Segment(seg_id=next(self._ids), num_tokens=int(num_tokens), compressed=compressed,
+                      start_slots=np.asarray(start, np.int64).copy(), end_slots=np.asarray(end, np.int64).copy(),
+                      page_counts=np.asarray(page_counts, np.int64).copy(),
+                      page_ids=np.asarray(page_ids, np.int32).copy())
+        self.pool.incref(seg.page_ids)
+        self.segments[seg.seg_id] = seg
+        return seg
+
+    def get(self, seg_id: int) -> Segment:
+        if seg_id not in self.segments:
+            raise PoolError(f"no live segment {seg_id} (evicted or never created)")
+        return self.segments[seg_id]
+
+    def evict(self, seg_id: int) -> int:
+        """Drop the segment; returns the number of pages this freed (held by nothing else)."""
+        seg = self.get(seg_id)
+        del self.segments[seg_id]
+        return self.pool.decref(seg.page_ids)
+
+    def split(self, seg_id: int, num_tokens: int) -> tuple[Segment, Segment]:
+        """Split an uncompressed segment after num_tokens tokens (for a match ending inside it).
+
+        Compressed segments cannot be split: their slots are not token positions.
+        """
+        seg = self.get(seg_id)
+        if seg.compressed:
+            raise PoolError(f"segment {seg_id} is compressed: a match cannot end inside it")
+        if not 0 < num_tokens < seg.num_tokens:
+            raise PoolError(f"split of segment {seg_id} at {num_tokens}: must be in (0, {seg.num_tokens})")
+        mid = seg.start_slots + num_tokens
+        parts = []
+        for start, end, n in ((seg.start_slots, mid, num_tokens), (mid, seg.end_slots, seg.num_tokens - num_tokens)):
+            first, stop = page_columns(start, end, self.page_size)
+            counts = stop - first
+            rows, pos = ragged_index(counts)
+            offset = first - seg.first_columns(self.page_size)
+            src_starts = np.cumsum(seg.page_counts) - seg.page_counts
+            ids = seg.page_ids[src_starts[rows] + offset[rows] + pos]
+            parts.append(self.add(num_tokens=n, compressed=False, start=start, end=end,
+                                  page_counts=counts, page_ids=ids))
+        self.evict(seg_id)
+        return parts[0], parts[1]
+
+    def held(self) -> np.ndarray:
+        """Page ids referenced by segments, one entry per reference. int32."""
+        if not self.segments:
+            return np.zeros(0, dtype=np.int32)
+        return np.concatenate([s.page_ids for s in self.segments.values()])

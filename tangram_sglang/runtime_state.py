@@ -1,0 +1,60 @@
+"""What a serving process knows about Tangram: the loaded profile and its entry.
+
+Built in every scheduler process (one per TP rank; the model runner lives in
+the same process) from the path that travelled on ServerArgs, and checked
+against the model config SGLang itself loaded, so hub models are checked too.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from .profile import ModelShape, RatioEntry, TangramProfile, load_profile
+
+logger = logging.getLogger("tangram_sglang")
+
+# Until the ragged pool and attention backend are wired into SGLang, a profile
+# is validated and reported, and serving uses SGLang's stock KV pool.
+POOL_MODE = "stock"
+
+
+@dataclass(frozen=True)
+class TangramRuntime:
+    path: str
+    profile: TangramProfile
+    entry: RatioEntry
+
+    @classmethod
+    def load(cls, path: str, ratio: float | None, hf_config) -> "TangramRuntime":
+        profile = load_profile(path)
+        profile.check_model(ModelShape.from_hf_config(hf_config))
+        return cls(path=path, profile=profile, entry=profile.select(ratio))
+
+    def info(self) -> dict:
+        """JSON-able summary for /server_info and logs."""
+        p, e = self.profile, self.entry
+        return {
+            "profile": self.path,
+            "model": p.model.architecture,
+            "method": p.calibration.method,
+            "ratio": e.ratio,
+            "ratios": list(p.ratios),
+            "heads_per_group": p.heads_per_group,
+            "grouping": p.grouping,
+            "virtual_layers": int(p.model.num_layers * e.num_groups),
+            "mean_budget": float(e.budgets.mean()),
+            "mean_group_budget": float(e.group_budget.mean()),
+            "pool": POOL_MODE,
+        }
+
+    def log_summary(self) -> None:
+        i = self.info()
+        logger.info(
+            "Tangram profile %s: %s, method=%s, ratio=%s, H_p=%d, %d virtual layers, mean budget %.3f",
+            i["profile"], i["model"], i["method"], i["ratio"], i["heads_per_group"], i["virtual_layers"],
+            i["mean_budget"],
+        )
+        if POOL_MODE == "stock":
+            logger.warning("Tangram: the ragged pool is not wired in yet; serving with SGLang's stock KV pool "
+                           "(full KV, no compression).")

@@ -1,0 +1,83 @@
+"""--tangram-profile / --tangram-ratio on SGLang's ServerArgs (CLI and Engine).
+
+ServerArgs is a sealed msgspec record: unknown fields are refused, but
+underscore-prefixed bookkeeping attributes ride along through pickling into
+the spawned scheduler processes. The chosen profile travels as
+``server_args._tangram_profile`` (path) and ``_tangram_ratio`` (float or None).
+The profile is validated (and checked against a local model folder) here, in
+the launching process, so a bad profile stops the launch before any process
+is spawned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from .profile import ModelShape, ProfileError, load_profile
+
+logger = logging.getLogger("tangram_sglang")
+
+PROFILE_ATTR = "_tangram_profile"
+RATIO_ATTR = "_tangram_ratio"
+
+
+def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> None:
+    """AFTER hook on ServerArgs.add_cli_args."""
+    group = parser.add_argument_group("Tangram (non-uniform KV cache compression)")
+    group.add_argument("--tangram-profile", type=str, default=None, metavar="PATH",
+                       help="Tangram profile (YAML, format tangram-profile v1) for the served model.")
+    group.add_argument("--tangram-ratio", type=float, default=None, metavar="RHO",
+                       help="Which target ratio of the profile to serve (default: the profile's default_ratio).")
+
+
+def attach_profile(server_args, profile_path: str | None, ratio: float | None) -> None:
+    """Validate the profile (and the model when its folder is local) and record it on server_args.
+
+    Raises ProfileError naming the field and the problem.
+    """
+    if profile_path is None:
+        if ratio is not None:
+            raise ProfileError("tangram_ratio", "given without --tangram-profile")
+        return
+    path = os.path.abspath(os.path.expanduser(profile_path))
+    profile = load_profile(path)
+    profile.select(ratio)
+    model_path = getattr(server_args, "model_path", None)
+    if model_path and os.path.isfile(os.path.join(model_path, "config.json")):
+        profile.check_model(ModelShape.from_model_path(model_path))
+    # Bookkeeping attributes (leading underscore) are allowed on the sealed record.
+    setattr(server_args, PROFILE_ATTR, path)
+    setattr(server_args, RATIO_ATTR, ratio)
+
+
+def from_cli_args(original, cls, args: argparse.Namespace):
+    """AROUND hook on ServerArgs.from_cli_args: a bad profile ends the launch with its error."""
+    server_args = original(cls, args)
+    try:
+        attach_profile(server_args, getattr(args, "tangram_profile", None), getattr(args, "tangram_ratio", None))
+    except ProfileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return server_args
+
+
+def engine_server_args_factory(server_args_cls):
+    """A stand-in for Engine.server_args_class that accepts tangram_profile= and tangram_ratio=."""
+
+    def build(**kwargs):
+        profile = kwargs.pop("tangram_profile", None)
+        ratio = kwargs.pop("tangram_ratio", None)
+        server_args = server_args_cls(**kwargs)
+        attach_profile(server_args, profile, ratio)
+        return server_args
+
+    build.tangram_wrapped = server_args_cls
+    return build
+
+
+def profile_request(server_args) -> tuple[str | None, float | None]:
+    """(profile path, ratio) recorded on a ServerArgs, in any process."""
+    return getattr(server_args, PROFILE_ATTR, None), getattr(server_args, RATIO_ATTR, None)
