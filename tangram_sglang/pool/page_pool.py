@@ -113,6 +113,8 @@ class PagePool:
         zero = np.flatnonzero(self.refcount == 0)
         if zero.size != free.size or not np.array_equal(zero, np.sort(free)):
             raise PoolError(f"free list ({free.size} pages) != refcount-0 pages ({zero.size})")
+        if np.any(self.fill[free] != 0):
+            raise PoolError("a free page has a nonzero fill mark")
         if np.any(self.refcount < 0):
             raise PoolError("negative refcount")
         if not 0 <= self.reserved <= self._num_free:

@@ -1,0 +1,65 @@
+"""check_cache_integrity: every invariant of a RaggedKVCache, recomputed from scratch.
+
+1. PagePool: free list unique and equal to the refcount-0 pages; reserved <= free.
+2. Conservation: refcount of every page == references held by live requests + tree segments,
+   so free + held-by-requests-only + held-by-tree == total and nothing leaks.
+3. No page owned twice: no page twice in one request's lists or one segment; the pages a
+   request may write (columns from its prefix's end on) belong to no other live request,
+   and each of them is claimed (fill == P) so no newcomer writes into it.
+4. Reservations: per request reserved_left >= 0, taken + reserved_left == plan pages while
+   inside the plan, sum of reserved_left == pool.reserved; npages == ceil(lens / P).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .request_pages import ragged_index
+from .spec import PoolError
+
+
+def _check_request(rid, req, P: int) -> np.ndarray:
+    """Checks one request; returns the page ids it may write."""
+    pages = req.pages
+    held = pages.held()
+    if np.unique(held).size != held.size:
+        raise PoolError(f"request {rid!r}: a page appears twice in its page lists")
+    if np.any(pages.npages != -(-pages.lens // P)):
+        raise PoolError(f"request {rid!r}: npages != ceil(lens / P)")
+    if np.any(req.reserved_left < 0):
+        raise PoolError(f"request {rid!r}: negative reservation left")
+    over = np.maximum(req.taken - req.plan.pages, 0)  # decode past the reserved room
+    if not np.array_equal(req.taken + req.reserved_left - over, req.plan.pages):
+        raise PoolError(f"request {rid!r}: taken + reserved_left != reserved pages")
+    first = req.plan.prefix_slots // P
+    counts = np.maximum(pages.npages - first, 0)
+    rows, pos = ragged_index(counts)
+    return pages.pages[rows, first[rows] + pos].astype(np.int64)
+
+
+def check_cache_integrity(cache) -> None:
+    pool, P = cache.pool, cache.spec.page_size
+    pool.check_integrity()
+    writable, refs = [], [cache.store.held().astype(np.int64)]
+    for seg in cache.store.segments.values():
+        if np.unique(seg.page_ids).size != seg.page_ids.size:
+            raise PoolError(f"segment {seg.seg_id}: a page appears twice")
+    reserved = 0
+    for rid, req in cache.requests.items():
+        writable.append(_check_request(rid, req, P))
+        refs.append(req.pages.held().astype(np.int64))
+        reserved += int(req.reserved_left.sum())
+    expected = np.bincount(np.concatenate(refs), minlength=pool.num_pages)
+    if not np.array_equal(expected, pool.refcount):
+        bad = np.flatnonzero(expected != pool.refcount)[:5]
+        raise PoolError(f"refcount != references held (pages {bad.tolist()}): a leak or a double count")
+    if reserved != pool.reserved:
+        raise PoolError(f"requests hold {reserved} reserved pages, the pool counts {pool.reserved}")
+    w = np.concatenate(writable) if writable else np.zeros(0, np.int64)
+    if np.unique(w).size != w.size:
+        raise PoolError("a page is writable by two live requests")
+    if np.any(pool.fill[w] != P):
+        raise PoolError("a page a live request writes is not claimed (fill != P)")
+    usage = cache.usage()
+    if usage.free + usage.held_by_requests_only + usage.held_by_tree != usage.total:
+        raise PoolError(f"free + held != total: {usage}")

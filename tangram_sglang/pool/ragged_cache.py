@@ -1,0 +1,237 @@
+"""RaggedKVCache: the control plane of the ragged page pool, one object per served model.
+
+Life of a request (all per-v work is vectorized over the V = L * G virtual layers):
+
+    adm = cache.admit(rid, chunk_tokens=[512, 512, 100], decode_tokens=64, prefix=chain)
+    # None -> not enough free pages now: wait. RequestTooLargeError -> never fits.
+    data.copy_pages(adm.copy_src, adm.copy_dst)       # prefix tails copied, if any
+    for n in adm.plan.chunk_tokens:
+        w = cache.prefill_chunk(rid, n)               # w.slot_locs [L, G, max_k]: write kept KV there
+    locs = cache.decode([rid, ...])                   # [B, L, G] one slot per v, or None -> retract
+    segs = cache.finish(rid)                          # new tree segments (pages move to the tree)
+    cache.abort(rid) / cache.retract(rid)             # release without caching
+    cache.evict(seg.seg_id)                           # tree eviction
+
+Admission reserves exactly plan.total_pages (reservation.py). Prefill draws
+only from the reservation and, after the last chunk, the request holds exactly
+plan.prefill_pages per v (checked: PoolError otherwise). Decode draws from the
+reservation's decode room first, then from unreserved free pages.
+
+A prefix (chain of Segments) is read in place: the request takes its own
+reference on every prefix page it uses. If the prefix ends inside a page of v
+and nobody wrote past that point (pool.fill), the request claims the page and
+appends in place; otherwise it appends to a fresh copy of that page
+(Admission.copy_src -> copy_dst, which the data plane copies before the first
+write). Both keep slots dense: slot s of v is page pages[v, s // P], offset s % P.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .block_table import build_layer_tables
+from .page_pool import PagePool
+from .request_pages import RequestPages
+from .reservation import ReservationPlan, plan_reservation
+from .segments import Segment, SegmentStore, assemble, page_columns
+from .spec import PoolError, PoolSpec, RequestTooLargeError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    plan: ReservationPlan
+    copy_src: np.ndarray  # int64 page ids whose contents must be copied ...
+    copy_dst: np.ndarray  # ... into these pages before the first write
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkWrite:
+    """Where one prefill chunk's kept KV goes: slot_locs int64 [L, G, max_k] (-1 padded), counts int64 [L, G]."""
+
+    slot_locs: np.ndarray
+    counts: np.ndarray
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolUsage:
+    total: int
+    free: int
+    reserved: int
+    held_by_requests_only: int
+    held_by_tree: int
+
+
+class _Request:
+    def __init__(self, pages: RequestPages, plan: ReservationPlan, prefix: tuple[Segment, ...]):
+        self.pages = pages
+        self.plan = plan
+        self.prefix = prefix
+        self.reserved_left = plan.pages.copy()
+        self.taken = np.zeros_like(plan.pages)
+        self.chunk_ends: list[np.ndarray] = []
+
+    @property
+    def prefill_done(self) -> bool:
+        return len(self.chunk_ends) == len(self.plan.chunk_tokens)
+
+
+class RaggedKVCache:
+    def __init__(self, spec: PoolSpec, group_budget: np.ndarray):
+        beta = np.asarray(group_budget, dtype=np.float64)
+        if beta.shape != (spec.num_layers, spec.num_groups):
+            raise ValueError(f"group_budget has shape {beta.shape}, the pool is [{spec.num_layers}, {spec.num_groups}]")
+        self.spec = spec
+        self.beta = beta.ravel()
+        self.pool = PagePool(spec.num_pages, spec.page_size)
+        self.store = SegmentStore(self.pool, spec.page_size)
+        self.requests: dict[object, _Request] = {}
+
+    @classmethod
+    def from_profile(cls, profile, *, page_size: int, num_pages: int, ratio: float | None = None,
+                     dtype: str = "float32") -> "RaggedKVCache":
+        spec = PoolSpec.from_profile(profile, page_size=page_size, num_pages=num_pages, dtype=dtype)
+        return cls(spec, profile.select(ratio).group_budget)
+
+    def _req(self, rid) -> _Request:
+        if rid not in self.requests:
+            raise PoolError(f"unknown request {rid!r} (never admitted, or already released)")
+        return self.requests[rid]
+
+    # -- admission -------------------------------------------------------------------------------
+    def admit(self, rid, *, chunk_tokens, decode_tokens: int = 0, prefix=()) -> Admission | None:
+        if rid in self.requests:
+            raise PoolError(f"request {rid!r} is already admitted")
+        P, V = self.spec.page_size, self.spec.num_virtual
+        prefix = tuple(prefix)
+        table, npages, lens = assemble(list(prefix), V, P)
+        last = np.take_along_axis(table, np.maximum(npages - 1, 0)[:, None], axis=1)[:, 0].astype(np.int64)
+        partial = lens % P != 0
+        in_place = partial & (self.pool.fill[last] == lens % P)
+        plan = plan_reservation(self.beta, chunk_tokens, page_size=P, decode_tokens=decode_tokens,
+                                prefix_slots=lens, extend_in_place=in_place)
+        if plan.total_pages > self.spec.num_pages:
+            raise RequestTooLargeError(
+                f"request {rid!r} needs {plan.total_pages} pages ({len(plan.chunk_tokens)} chunks, "
+                f"{decode_tokens} decode tokens) but the whole pool has {self.spec.num_pages}: it can never fit")
+        if not self.pool.reserve(plan.total_pages):
+            return None
+        copy = partial & ~in_place
+        pages = RequestPages(V, P, capacity=int(plan.prefill_slots.max(initial=0) // P + 2))
+        pages.set_prefix(table, np.where(copy, npages - 1, npages), lens)
+        self.pool.incref(pages.held())
+        self.pool.fill[last[in_place]] = P
+        req = _Request(pages, plan, prefix)
+        self.requests[rid] = req
+        dst = self._take(req, copy.astype(np.int64))
+        return Admission(plan=plan, copy_src=last[copy], copy_dst=dst.astype(np.int64))
+
+    def _take(self, req: _Request, counts: np.ndarray, unreserved_ok: bool = False) -> np.ndarray:
+        """Take counts[v] pages for req (from its reservation first) and append them."""
+        from_res = np.minimum(counts, req.reserved_left)
+        if not unreserved_ok and np.any(from_res < counts):
+            raise PoolError("a prefill draw exceeded the request's reservation (plan and writes disagree)")
+        ids = self.pool.take(int(counts.sum()), from_reserved=int(from_res.sum()))
+        req.reserved_left -= from_res
+        req.taken += counts
+        req.pages.append(counts, ids)
+        return ids
+
+    # -- prefill and decode ----------------------------------------------------------------------
+    def prefill_chunk(self, rid, num_tokens: int) -> ChunkWrite:
+        """Draw the pages of the next planned chunk and return where its kept slots go."""
+        req = self._req(rid)
+        k = len(req.chunk_ends)
+        planned = req.plan.chunk_tokens
+        if k >= len(planned) or planned[k] != num_tokens:
+            nxt = planned[k] if k < len(planned) else "none (prefill is complete)"
+            raise PoolError(f"request {rid!r}: prefill chunk of {num_tokens} tokens, but the planned next chunk is {nxt}")
+        counts = req.plan.chunk_slots[k]
+        self._take(req, req.pages.pages_needed(req.pages.lens + counts))
+        locs = req.pages.slot_locs(counts)
+        req.pages.advance(counts)
+        req.chunk_ends.append(req.pages.lens.copy())
+        if req.prefill_done and not np.array_equal(req.taken, req.plan.prefill_pages):
+            raise PoolError(f"request {rid!r}: reserved != used after prefill")
+        shape = (self.spec.num_layers, self.spec.num_groups)
+        return ChunkWrite(slot_locs=locs.reshape(*shape, -1), counts=counts.reshape(shape))
+
+    def decode(self, rids) -> np.ndarray | None:
+        """One new slot per v for each request: int64 [B, L, G] flat slot ids, or None (nothing
+        changes) when the pages needed beyond the requests' reservations are not available."""
+        reqs = [self._req(r) for r in rids]
+        for r, req in zip(rids, reqs):
+            if not req.prefill_done:
+                raise PoolError(f"request {r!r}: decode before its prefill is complete")
+        needs = [req.pages.pages_needed(req.pages.lens + 1) for req in reqs]
+        unreserved = sum(int(np.maximum(n - req.reserved_left, 0).sum()) for n, req in zip(needs, reqs))
+        if unreserved > self.pool.available:
+            return None
+        out = np.empty((len(reqs), self.spec.num_virtual), dtype=np.int64)
+        ones = np.ones(self.spec.num_virtual, dtype=np.int64)
+        for i, (need, req) in enumerate(zip(needs, reqs)):
+            self._take(req, need, unreserved_ok=True)
+            out[i] = req.pages.slot_locs(ones)[:, 0]
+            req.pages.advance(ones)
+        return out.reshape(len(reqs), self.spec.num_layers, self.spec.num_groups)
+
+    # -- release ---------------------------------------------------------------------------------
+    def finish(self, rid) -> list[Segment]:
+        """Cache the request's completed chunks (and generated tokens) as segments, then release it."""
+        req = self._req(rid)
+        segs, start = [], req.plan.prefix_slots
+        ends = list(zip(req.chunk_ends, req.plan.chunk_tokens))
+        decoded = req.pages.lens - (req.chunk_ends[-1] if req.chunk_ends else start)
+        if req.prefill_done and decoded.max(initial=0) > 0:
+            ends.append((req.pages.lens, int(decoded.max())))
+        for i, (end, ntok) in enumerate(ends):
+            first, stop = page_columns(start, end, self.spec.page_size)
+            counts, ids = req.pages.pages_from(first, stop)
+            segs.append(self.store.add(num_tokens=ntok, compressed=i < len(req.chunk_ends), start=start,
+                                       end=end, page_counts=counts, page_ids=ids))
+            start = end
+        self._release(rid, data_end=start)
+        return segs
+
+    def abort(self, rid) -> None:
+        """Release without caching (abort, or retraction: the request is admitted again later)."""
+        self._release(rid, data_end=self._req(rid).plan.prefix_slots)
+
+    retract = abort
+
+    def _release(self, rid, data_end: np.ndarray) -> None:
+        req = self.requests.pop(rid)
+        P = self.spec.page_size
+        col = data_end // P
+        mine = (data_end % P != 0) & (col >= req.plan.prefix_slots // P) & (col < req.pages.npages)
+        rows = np.flatnonzero(mine)
+        self.pool.fill[req.pages.pages[rows, col[rows]]] = (data_end % P)[rows]
+        self.pool.unreserve(int(req.reserved_left.sum()))
+        self.pool.decref(req.pages.held())
+
+    def evict(self, seg_id: int) -> int:
+        """Drop a tree segment; returns how many pages this freed (pages others hold stay)."""
+        return self.store.evict(seg_id)
+
+    # -- views for the attention side and for tests ---------------------------------------------
+    def build_layer_tables(self, rids) -> tuple[np.ndarray, np.ndarray]:
+        """(block_table int32 [B, L, G, W] padded with page 0, seq_lens int32 [B, L, G]); see block_table.py."""
+        rows = [self._req(r).pages for r in rids]
+        return build_layer_tables(rows, self.spec.num_layers, self.spec.num_groups)
+
+    def request_pages_taken(self, rid) -> np.ndarray:
+        """Pages taken from the pool for this request so far (not its shared prefix). int64 [V]."""
+        return self._req(rid).taken.copy()
+
+    def usage(self) -> PoolUsage:
+        tree = np.zeros(self.spec.num_pages, dtype=bool)
+        tree[self.store.held()] = True
+        held = self.pool.refcount > 0
+        return PoolUsage(total=self.spec.num_pages, free=self.pool.num_free, reserved=self.pool.reserved,
+                         held_by_requests_only=int((held & ~tree).sum()), held_by_tree=int(tree.sum()))
+
+    def check_integrity(self) -> None:
+        from .integrity import check_cache_integrity
+
+        check_cache_integrity(self)
