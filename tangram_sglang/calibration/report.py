@@ -1,0 +1,121 @@
+"""The regularity report: does the pilot's per-head retention hold on new inputs?
+
+``regularity_report`` computes, for every target ratio, from the calibration
+samples' retention (which made the budgets) and held-out samples' retention:
+  rank stability   per-layer Spearman of per-head means, calibration vs
+                   held-out, per held-out sample vs the budgets, and between
+                   sources (needle / sharegpt / mtbench)
+  coverage         share of held-out (sample, layer, head) retentions the
+                   budget covers, and the mean overflow when it does not
+  spend            per layer sum_h b / (rho * H)
+  grouping         reserved share of full KV, budget-aware vs adjacent
+``write_report`` saves report.json, report.md and retention.png in a folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .pilot import SampleRetention
+from .stats import (across_sources, budget_spend, coverage, grouping_comparison, layer_spearman,
+                    per_sample_spearman, ratio_stats, spearman)
+
+
+def stack(results: list[SampleRetention]) -> np.ndarray:
+    """[S, R, L, H] retention of a list of samples."""
+    return np.stack([r.retention for r in results])
+
+
+def ratio_report(cal: np.ndarray, held: np.ndarray, cal_src: list[str], held_src: list[str],
+                 ratio: float, alpha: float) -> dict:
+    """Figures of one ratio. cal, held: [S, L, H] retention."""
+    st = ratio_stats(cal, ratio, alpha)
+    out = {"ratio": ratio, "spend": budget_spend(st), "grouping": grouping_comparison(st.budgets),
+           "coverage_calibration": coverage(cal, st.budgets),
+           "head_spread": {"mean_layer_range_of_mu": round(float(np.ptp(st.mean, axis=1).mean()), 4),
+                           "mean_sigma": round(float(st.std.mean()), 4)}}
+    if len(held):
+        held_mean = held.mean(axis=0)
+        out["heldout"] = {
+            "rank_layer_means": layer_spearman(st.mean, held_mean),
+            "rank_all_heads": round(spearman(st.mean.ravel(), held_mean.ravel()), 4),
+            "rank_per_sample_vs_budget": per_sample_spearman(held, st.budgets),
+            "coverage": coverage(held, st.budgets),
+            "coverage_by_source": {s: coverage(held[np.asarray(held_src) == s], st.budgets)
+                                   for s in dict.fromkeys(held_src)},
+        }
+    both = np.concatenate([cal, held]) if len(held) else cal
+    out["across_sources"] = across_sources(both, list(cal_src) + list(held_src))
+    return out
+
+
+def regularity_report(cal: list[SampleRetention], held: list[SampleRetention], ratios: tuple[float, ...],
+                      alpha: float, meta: dict) -> dict:
+    cal_arr = stack(cal)
+    held_arr = stack(held) if held else np.zeros((0, *cal_arr.shape[1:]))
+    cal_src, held_src = [r.source for r in cal], [r.source for r in held]
+    return {
+        "meta": meta,
+        "samples": {"calibration": _counts(cal), "heldout": _counts(held)},
+        "ratios": [ratio_report(cal_arr[:, i], held_arr[:, i], cal_src, held_src, r, alpha)
+                   for i, r in enumerate(ratios)],
+    }
+
+
+def _counts(results: list[SampleRetention]) -> dict:
+    by_source: dict[str, int] = {}
+    for r in results:
+        by_source[r.source] = by_source.get(r.source, 0) + 1
+    tokens = [r.num_tokens for r in results]
+    return {"count": len(results), "by_source": by_source,
+            "tokens_mean": round(float(np.mean(tokens)), 1) if tokens else 0,
+            "tokens_min": int(min(tokens)) if tokens else 0, "tokens_max": int(max(tokens)) if tokens else 0}
+
+
+def markdown(report: dict) -> str:
+    """A short human-readable summary of ``report``."""
+    m = report["meta"]
+    lines = [f"# Regularity report: {m.get('model')} / {m.get('method')}", "",
+             f"Calibration {report['samples']['calibration']}; held-out {report['samples']['heldout']}.",
+             f"alpha = {m.get('alpha')}, chunk size {m.get('chunk_size')}, pilot keeps full KV and records "
+             "the global top ceil(rho*H*n) selection per chunk (paper Eq. 3).",
+             f"Calibration time: {m.get('seconds_calibration')} s for the calibration samples, "
+             f"{m.get('seconds_total')} s in all.", "",
+             "| rho | sum_h b / (rho H) mean [min, max] | held-out coverage | mean overflow | "
+             "Spearman layer means (cal vs held) | Spearman per held-out sample vs b | "
+             "Spearman across sources | mu range across heads | mean sigma |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["ratios"]:
+        h = r.get("heldout", {})
+        sp, cov = r["spend"], h.get("coverage", {})
+        lines.append(
+            f"| {r['ratio']} | {sp['mean']} [{sp['min']}, {sp['max']}] | {cov.get('share_covered')} | "
+            f"{cov.get('mean_overflow')} | {h.get('rank_layer_means', {}).get('mean')} | "
+            f"{h.get('rank_per_sample_vs_budget', {}).get('mean')} | {r['across_sources']['mean']} | "
+            f"{r['head_spread']['mean_layer_range_of_mu']} | {r['head_spread']['mean_sigma']} |")
+    lines += ["", "Reserved share of full KV (every head keeps its group's max budget):", ""]
+    for r in report["ratios"]:
+        cells = ", ".join(f"H_p={g['heads_per_group']}: budget-aware {g['budget_aware']} / adjacent "
+                          f"{g['adjacent']}" for g in r["grouping"])
+        lines.append(f"- rho {r['ratio']}: {cells}")
+    lines += ["", "Figures in report.json; per-head boxes in retention.png (like the paper's Figure 5)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(folder: str, report: dict, cal: list[SampleRetention], held: list[SampleRetention],
+                 budgets_by_ratio: dict[float, np.ndarray]) -> None:
+    from .plot import retention_figure
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(folder, "report.md"), "w") as f:
+        f.write(markdown(report))
+    ratio = min(budgets_by_ratio, key=lambda r: abs(r - 0.5))
+    idx = list(budgets_by_ratio).index(ratio)
+    retention_figure(os.path.join(folder, "retention.png"), stack(cal)[:, idx], [r.source for r in cal],
+                     stack(held)[:, idx] if held else None, [r.source for r in held], budgets_by_ratio[ratio],
+                     title=f"{report['meta'].get('model')} / {report['meta'].get('method')}, rho = {ratio}")
