@@ -18,6 +18,7 @@ Worked example: H = 3, gqa = 2 (Hq = 6), H_p = 2, groups [[2, 0], [1]]:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +63,12 @@ class LayerMeta:
     @property
     def rows_per_group(self) -> int:
         return self.heads_per_group * self.gqa
+
+    def to(self, device) -> "LayerMeta":
+        """The same tables on another device."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        return dataclasses.replace(self, **moved)
 
 
 def build_layer_meta(groups: list[list[int]], *, num_q_heads: int, num_kv_heads: int,

@@ -13,6 +13,7 @@ cta_split = [0, 1, 2, 0, 0, 1], cta_offset = [0, 3, 4].
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,11 @@ class SplitRow:
     def num_ctas(self) -> int:
         """CTAs per request (T)."""
         return int(self.cta_group.shape[0])
+
+    def to(self, device) -> "SplitRow":
+        """The same tables on another device."""
+        return dataclasses.replace(self, splits=self.splits.to(device), cta_offset=self.cta_offset.to(device),
+                                   cta_group=self.cta_group.to(device), cta_split=self.cta_split.to(device))
 
 
 def make_split_row(splits, device="cpu") -> SplitRow:
