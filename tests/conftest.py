@@ -7,3 +7,29 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+import importlib.util  # noqa: E402
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """(model folder, prompts, HF greedy outputs) of a tiny random Llama (float32)."""
+    from tiny_model import PROMPTS, build_tiny_llama, hf_greedy
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model = build_tiny_llama(str(path))
+    return str(path), PROMPTS, hf_greedy(model)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """The converted SmolLM2-135M-Instruct folder (installed and converted on first use)."""
+    spec = importlib.util.spec_from_file_location("tangram_launch_models", REPO / "launch" / "models.py")
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    return models.ensure_model("smollm2")
