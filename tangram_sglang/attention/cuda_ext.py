@@ -1,0 +1,60 @@
+"""Build, load and call the CUDA decode kernel in cuda/ (a torch extension).
+
+    ragged_decode_cuda(q, k_pages, v_pages, block_table, seq_lens, meta, split, sm_scale)
+
+has the signature and result of reference.ragged_decode_torch. The extension
+is compiled on first use with torch.utils.cpp_extension.load (needs a CUDA
+build of torch and nvcc); ``nvcc_compile_command`` compiles the kernels alone
+to an object file, which the tests do on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+
+import torch
+
+from .layer_meta import LayerMeta
+from .split_row import SplitRow
+
+CUDA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "cuda")
+KERNEL_SOURCE = os.path.join(CUDA_DIR, "ragged_decode.cu")
+BINDING_SOURCE = os.path.join(CUDA_DIR, "binding.cpp")
+
+
+def nvcc_compile_command(output: str, arch: str = "sm_90") -> list[str] | None:
+    """nvcc command compiling the kernels (no torch) to ``output``; None without nvcc."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    return [nvcc, "-std=c++17", "-O3", f"-arch={arch}", "-I", CUDA_DIR, "-c", KERNEL_SOURCE, "-o", output]
+
+
+@functools.lru_cache(maxsize=1)
+def load_extension(verbose: bool = False):
+    """Compile (cached by torch in its extensions dir) and import the extension."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("the CUDA decode kernel needs a GPU and a CUDA build of torch")
+    from torch.utils.cpp_extension import load
+
+    return load(name="tangram_ragged_decode", sources=[BINDING_SOURCE, KERNEL_SOURCE],
+                extra_include_paths=[CUDA_DIR], extra_cuda_cflags=["-O3", "-std=c++17"],
+                verbose=verbose)
+
+
+def ragged_decode_cuda(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                       block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
+                       split: SplitRow, sm_scale: float, *, return_lse: bool = False):
+    """Decode attention over ragged groups on the GPU (see reference.ragged_decode_torch).
+
+    block_table, seq_lens: int32 with a unit last stride; k_pages, v_pages contiguous,
+    same dtype as q (float32, float16 or bfloat16). Returns o [B, Hq, d] (and lse
+    float32 [B, Hq] if return_lse).
+    """
+    ext = load_extension()
+    o, lse = ext.ragged_decode(q, k_pages, v_pages, block_table, seq_lens, meta.q_head, meta.group_size,
+                               split.splits, split.cta_offset, split.cta_group, split.cta_split, meta.gqa,
+                               float(sm_scale))
+    return (o, lse) if return_lse else o
