@@ -1,0 +1,46 @@
+"""End to end: the calibrate command on the real SmolLM2 with a few short samples."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tangram_sglang.calibrate import main
+from tangram_sglang.profile import load_profile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def smollm2_folder() -> str:
+    """The converted model folder (made by launch/models.py at first use, offline)."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "models.py"), "smollm2"],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_calibrate_smollm2_end_to_end(tmp_path):
+    out = str(tmp_path / "smol.yaml")
+    rc = main(["--model-path", smollm2_folder(), "--method", "snapkv", "--ratio", "0.5", "--samples", "3",
+               "--heldout", "3", "--min-tokens", "300", "--max-tokens", "360", "--heads-per-group", "1",
+               "--parallel-capacity", "12", "--no-progress", "-o", out])
+    assert rc == 0
+    prof = load_profile(out)
+    e = prof.select(0.5)
+    assert (prof.model.num_layers, prof.model.num_kv_heads, prof.model.head_dim) == (30, 3, 64)
+    assert prof.calibration.method == "snapkv" and prof.calibration.num_samples == 3
+    # the global selection keeps ceil(rho * H * n) per chunk: heads' mean retention sums to ~rho * H
+    np.testing.assert_allclose(e.mean.sum(axis=1), 1.5, atol=0.01)
+    np.testing.assert_allclose(e.budgets, np.clip(e.mean + 2 * e.std, 1e-3, 1.0), atol=2e-6)
+    assert e.split_map.shape == (30, 3) and (e.split_map >= 1).all()
+    report_dir = str(tmp_path / "smol.report")
+    assert sorted(os.listdir(report_dir)) == ["report.json", "report.md", "retention.png"]
+    with open(os.path.join(report_dir, "report.json")) as f:
+        rep = json.load(f)
+    r = rep["ratios"][0]
+    assert rep["samples"]["heldout"]["count"] == 3
+    assert 0.0 <= r["heldout"]["coverage"]["share_covered"] <= 1.0
+    assert r["spend"]["mean"] >= 1.0  # mu + 2 sigma >= mu, and sum mu ~ rho H

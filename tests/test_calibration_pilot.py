@@ -1,0 +1,77 @@
+"""The capture hook and the pilot runner on a tiny random Llama (no weights needed)."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from tangram_sglang.calibrate import main as calibrate_main
+from tangram_sglang.calibration.capture import attention_modules, capturing, register_capture_attention
+from tangram_sglang.calibration.pilot import PilotConfig, run_sample
+from tangram_sglang.calibration.samples import PilotSample
+from tangram_sglang.scorers import get_scorer
+
+
+def tiny(impl):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return LlamaForCausalLM._from_config(cfg, attn_implementation=impl).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny(register_capture_attention())
+
+
+def test_capture_sees_post_rope_chunks_and_matches_sdpa(model):
+    ref = tiny("sdpa")
+    ref.load_state_dict(model.state_dict())
+    ids = torch.randint(0, 64, (1, 11), generator=torch.Generator().manual_seed(1))
+    seen = []
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad(), capturing(model, lambda l, q, k, v: seen.append((l, q.shape, k.shape))):
+        for s in range(0, 11, 4):
+            out = model(input_ids=ids[:, s:s + 4], past_key_values=cache, use_cache=True)
+        full = ref(input_ids=ids).logits
+    torch.testing.assert_close(out.logits[0, -1], full[0, -1], rtol=1e-4, atol=1e-5)
+    assert seen[:2] == [(0, (1, 4, 4, 8), (1, 2, 4, 8)), (1, (1, 4, 4, 8), (1, 2, 4, 8))]
+    assert seen[-1] == (1, (1, 4, 3, 8), (1, 2, 11, 8))  # last chunk: 3 queries, whole cache of keys
+    assert [m.layer_idx for m in attention_modules(model)] == [0, 1]
+    assert all(getattr(m, "_tangram_capture") is None for m in attention_modules(model))
+
+
+def test_capturing_requires_the_capture_implementation():
+    with pytest.raises(ValueError, match="tangram_capture"):
+        with capturing(tiny("sdpa"), print):
+            pass
+
+
+def test_pilot_uniform_retention_by_hand(model):
+    # 10 tokens in chunks 4, 4, 2; H = 2, uniform scores (ties: later position, then higher head).
+    # rho 0.5 keeps n per chunk -> n/2 per head -> 0.5 each.
+    # rho 0.25 keeps 2, 2, 1 -> [1,1], [1,1], [0,1] -> retention [0.2, 0.3].
+    sample = PilotSample(source="needle", kind="passkey", label="x", token_ids=tuple(range(10)))
+    r = run_sample(model, sample, get_scorer("uniform"), PilotConfig(ratios=(0.5, 0.25), chunk_size=4))
+    assert r.num_tokens == 10 and r.retention.shape == (2, 2, 2)
+    np.testing.assert_allclose(r.retention[0], 0.5)
+    np.testing.assert_allclose(r.retention[1], [[0.2, 0.3], [0.2, 0.3]])
+
+
+def test_pilot_snapkv_keeps_the_layer_budget(model):
+    sample = PilotSample(source="sharegpt", kind="conversation", label="x", token_ids=tuple(range(3, 40)))
+    r = run_sample(model, sample, get_scorer("snapkv", window=4), PilotConfig(ratios=(0.7, 0.3), chunk_size=16))
+    # per chunk the layer keeps ceil(rho * 2 * n): chunks 16, 16, 5 -> 23+23+7 = 53 and 10+10+3 = 23 of 37
+    np.testing.assert_allclose(r.retention.sum(axis=2), [[53 / 37] * 2, [23 / 37] * 2])
+    assert (r.retention >= 0).all() and (r.retention <= 1).all()
+
+
+def test_pilot_config_and_cli_errors(tmp_path, capsys):
+    with pytest.raises(ValueError, match="ratio"):
+        PilotConfig(ratios=(1.2,))
+    with pytest.raises(ValueError, match="chunk_size"):
+        PilotConfig(ratios=(0.5,), chunk_size=0)
+    assert calibrate_main(["--model-path", str(tmp_path), "--method", "h2o", "--ratio", "0.5", "-o", "x"]) == 2
+    assert "unknown scorer 'h2o'" in capsys.readouterr().err
+    assert calibrate_main(["--model-path", str(tmp_path), "--method", "snapkv", "--ratio", "0.5",
+                           "--alpha", "-1", "-o", "x"]) == 2
