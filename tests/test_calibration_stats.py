@@ -72,3 +72,15 @@ def test_across_sources_and_report():
     assert r["heldout"]["rank_layer_means"]["mean"] == 1.0
     assert rep["samples"]["calibration"]["by_source"] == {"a": 3}
     assert "| 0.5 |" in markdown(rep)
+
+
+def test_reference_regularity_two_fold_by_hand():
+    from tangram_sglang.calibration.reference_regularity import sample_sources, two_fold
+
+    assert sample_sources({"dataset_mix": "scbench_kv:2,scbench_many_shot:1"}, 3) == ["kv", "kv", "many_shot"]
+    assert sample_sources({}, 2) == ["all", "all"]
+    # 4 samples, one layer, heads ranked identically everywhere, no spread -> perfect ranks, full coverage
+    raw = np.array([[[0.1, 0.2, 0.3]]] * 4)
+    out = two_fold(raw, ["a", "a", "b", "b"], alpha=2.0)
+    assert out["rank_layer_means"] == 1.0 and out["rank_per_sample"] == 1.0
+    assert out["coverage"] == 1.0 and out["across_sources"] == 1.0 and out["samples"] == 4
