@@ -10,6 +10,7 @@ torch.set_num_threads(1)
 
 import importlib.util  # noqa: E402
 import pathlib  # noqa: E402
+import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -31,5 +32,6 @@ def smollm2_path():
     """The converted SmolLM2-135M-Instruct folder (installed and converted on first use)."""
     spec = importlib.util.spec_from_file_location("tangram_launch_models", REPO / "launch" / "models.py")
     models = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = models  # dataclasses look their module up by name
     spec.loader.exec_module(models)
     return models.ensure_model("smollm2")

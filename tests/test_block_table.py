@@ -3,7 +3,7 @@
 import numpy as np
 
 from tangram_sglang.pool import ChunkWrite, RequestPages, build_layer_tables, stack_chunk_writes
-from tangram_sglang.pool.request_pages import ragged_index
+from tangram_sglang.pool.request_pages import flat_slot_locs, ragged_index
 
 
 def test_ragged_index():
@@ -51,9 +51,32 @@ def test_build_layer_tables_pads_across_requests():
     assert lens.reshape(2, 2).tolist() == [[0, 0], [1, 6]]
 
 
+def test_flat_slot_locs_worked_example():
+    assert flat_slot_locs(np.array([[7, 3]]), np.array([1]), np.array([3]), 2).tolist() == [[15, 6, 7]]
+    # a run that fits its first page; a run of 0 slots
+    got = flat_slot_locs(np.array([[5, -1], [-1, -1]]), np.array([0, 3]), np.array([2, 0]), 4)
+    assert got.tolist() == [[20, 21], [-1, -1]]
+
+
+def test_chunk_pages_matches_slot_by_slot():
+    rng = np.random.default_rng(1)
+    r = RequestPages(5, page_size=3)
+    for _ in range(6):
+        counts = rng.integers(0, 9, 5)
+        r.append(r.pages_needed(r.lens + counts), rng.permutation(1000)[: int(r.pages_needed(r.lens + counts).sum())])
+        pages, offset = r.chunk_pages(counts)
+        got = flat_slot_locs(pages, offset, counts, 3)
+        for v in range(5):
+            want = [int(r.pages[v, s // 3]) * 3 + s % 3 for s in range(r.lens[v], r.lens[v] + counts[v])]
+            assert got[v, : counts[v]].tolist() == want and (got[v, counts[v]:] == -1).all()
+        assert np.array_equal(r.slot_locs(counts), got)
+        r.advance(counts)
+
+
 def test_stack_chunk_writes():
-    w1 = ChunkWrite(slot_locs=np.array([[[4, 5], [8, -1]]]), counts=np.array([[2, 1]]))
-    w2 = ChunkWrite(slot_locs=np.array([[[1], [2]]]), counts=np.array([[1, 1]]))
+    w1 = ChunkWrite(pages=np.array([[[2], [4]]]), offset=np.array([[0, 0]]), counts=np.array([[2, 1]]), page_size=4)
+    w2 = ChunkWrite(pages=np.array([[[0], [0]]]), offset=np.array([[1, 2]]), counts=np.array([[1, 1]]), page_size=4)
+    assert w1.slot_locs.tolist() == [[[8, 9], [16, -1]]]
     locs, counts = stack_chunk_writes([w1, w2])
     assert locs.shape == (2, 1, 2, 2)
     assert locs[1].tolist() == [[[1, -1], [2, -1]]]

@@ -82,23 +82,26 @@ class PagePool:
         return ids
 
     def incref(self, ids: np.ndarray) -> None:
+        """One more reference on each id. Each id at most once per call (one holder's pages)."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and np.any(self.refcount[ids] <= 0):
             bad = ids[self.refcount[ids] <= 0][:5].tolist()
             raise PoolError(f"incref of free pages {bad}")
-        np.add.at(self.refcount, ids, 1)
+        self.refcount[ids] += 1
 
     def decref(self, ids: np.ndarray) -> int:
-        """Drop one reference per id; pages reaching 0 go back to the free list. Returns #freed."""
+        """Drop one reference per id; pages reaching 0 go back to the free list. Returns #freed.
+
+        Each id at most once per call (one holder's pages), as SGLang's free_page_ids: no dedup.
+        """
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size == 0:
             return 0
-        np.subtract.at(self.refcount, ids, 1)
-        if np.any(self.refcount[ids] < 0):
-            bad = np.unique(ids[self.refcount[ids] < 0])[:5]
-            np.add.at(self.refcount, ids, 1)  # undo before raising
-            raise PoolError(f"double free of pages {bad.tolist()}")
-        freed = np.unique(ids[self.refcount[ids] == 0]).astype(np.int32)
+        after = self.refcount[ids] - 1
+        if np.any(after < 0):
+            raise PoolError(f"double free of pages {ids[after < 0][:5].tolist()}")
+        self.refcount[ids] = after
+        freed = ids[after == 0].astype(np.int32)
         top = self._num_free
         self._free[top : top + freed.size] = freed
         self._num_free = top + freed.size

@@ -6,7 +6,7 @@ Life of a request (all per-v work is vectorized over the V = L * G virtual layer
     # None -> not enough free pages now: wait. RequestTooLargeError -> never fits.
     data.copy_pages(adm.copy_src, adm.copy_dst)       # prefix tails copied, if any
     for n in adm.plan.chunk_tokens:
-        w = cache.prefill_chunk(rid, n)               # w.slot_locs [L, G, max_k]: write kept KV there
+        w = cache.prefill_chunk(rid, n)               # w.pages/offset or w.slot_locs [L, G, max_k]
     locs = cache.decode([rid, ...])                   # [B, L, G] one slot per v, or None -> retract
     segs = cache.finish(rid)                          # new tree segments (pages move to the tree)
     cache.abort(rid) / cache.retract(rid)             # release without caching
@@ -33,7 +33,7 @@ import numpy as np
 
 from .block_table import build_layer_tables
 from .page_pool import PagePool
-from .request_pages import RequestPages
+from .request_pages import RequestPages, flat_slot_locs
 from .reservation import ReservationPlan, plan_reservation
 from .segments import Segment, SegmentStore, assemble, page_columns
 from .spec import PoolError, PoolSpec, RequestTooLargeError
@@ -48,10 +48,22 @@ class Admission:
 
 @dataclass(frozen=True, kw_only=True)
 class ChunkWrite:
-    """Where one prefill chunk's kept KV goes: slot_locs int64 [L, G, max_k] (-1 padded), counts int64 [L, G]."""
+    """Where one prefill chunk's kept KV goes, in (page, offset) form:
 
-    slot_locs: np.ndarray
+    pages int32 [L, G, W] (-1 padded) the pages the chunk's slots fall in, in order;
+    offset int64 [L, G] offset of its first slot in pages[..., 0]; counts int64 [L, G] kept slots.
+    Kept slot j of (l, g) lives in page pages[l, g, (offset + j) // P] at (offset + j) % P.
+    ``slot_locs`` gives the flat ids page * P + offset, int64 [L, G, max(counts)], -1 padded.
+    """
+
+    pages: np.ndarray
+    offset: np.ndarray
     counts: np.ndarray
+    page_size: int
+
+    @property
+    def slot_locs(self) -> np.ndarray:
+        return flat_slot_locs(self.pages, self.offset, self.counts, self.page_size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,13 +161,14 @@ class RaggedKVCache:
             raise PoolError(f"request {rid!r}: prefill chunk of {num_tokens} tokens, but the planned next chunk is {nxt}")
         counts = req.plan.chunk_slots[k]
         self._take(req, req.pages.pages_needed(req.pages.lens + counts))
-        locs = req.pages.slot_locs(counts)
+        pages, offset = req.pages.chunk_pages(counts)
         req.pages.advance(counts)
         req.chunk_ends.append(req.pages.lens.copy())
         if req.prefill_done and not np.array_equal(req.taken, req.plan.prefill_pages):
             raise PoolError(f"request {rid!r}: reserved != used after prefill")
         shape = (self.spec.num_layers, self.spec.num_groups)
-        return ChunkWrite(slot_locs=locs.reshape(*shape, -1), counts=counts.reshape(shape))
+        return ChunkWrite(pages=pages.reshape(*shape, -1), offset=offset.reshape(shape), counts=counts.reshape(shape),
+                          page_size=self.spec.page_size)
 
     def decode(self, rids) -> np.ndarray | None:
         """One new slot per v for each request: int64 [B, L, G] flat slot ids, or None (nothing
@@ -164,7 +177,8 @@ class RaggedKVCache:
         for r, req in zip(rids, reqs):
             if not req.prefill_done:
                 raise PoolError(f"request {r!r}: decode before its prefill is complete")
-        needs = [req.pages.pages_needed(req.pages.lens + 1) for req in reqs]
+        P = self.spec.page_size
+        needs = [(req.pages.lens % P == 0).astype(np.int64) for req in reqs]
         unreserved = sum(int(np.maximum(n - req.reserved_left, 0).sum()) for n, req in zip(needs, reqs))
         if unreserved > self.pool.available:
             return None
@@ -172,7 +186,7 @@ class RaggedKVCache:
         ones = np.ones(self.spec.num_virtual, dtype=np.int64)
         for i, (need, req) in enumerate(zip(needs, reqs)):
             self._take(req, need, unreserved_ok=True)
-            out[i] = req.pages.slot_locs(ones)[:, 0]
+            out[i] = req.pages.next_slot_locs()
             req.pages.advance(ones)
         return out.reshape(len(reqs), self.spec.num_layers, self.spec.num_groups)
 

@@ -9,7 +9,7 @@ Invariant kept by every caller: npages == ceil(lens / P) once a write is done
 
 Worked example, P=2, V=2: append(counts=[2, 1], ids=[7, 3, 9]) gives
 pages [[7, 3], [9, -1]]; advance([3, 1]) gives lens [3, 1];
-slot_locs(lens_before=[0, 0], counts=[3, 1]) -> [[14, 15, 6], [18, -1, -1]]
+slot_locs(counts=[3, 1]) from lens [0, 0] -> [[14, 15, 6], [18, -1, -1]]
 (slot 2 of v=0 is page 3 offset 0 -> 3*2+0 = 6).
 """
 
@@ -29,6 +29,24 @@ def ragged_index(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rows = np.repeat(np.arange(counts.size), counts)
     starts = np.cumsum(counts) - counts
     return rows, np.arange(rows.size) - starts[rows]
+
+
+def flat_slot_locs(pages: np.ndarray, offset: np.ndarray, counts: np.ndarray, page_size: int) -> np.ndarray:
+    """(page, offset) runs -> flat slot ids, no per-slot division. pages [..., W], offset/counts [...].
+
+    Returns int64 [..., max(counts)], -1 past counts. Example, P=2: pages [[7, 3]], offset [1],
+    counts [3] -> [[15, 6, 7]].
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    lead, width = pages.shape[:-1], pages.shape[-1]
+    k = int(counts.max(initial=0))
+    rows = pages.reshape(-1, width).astype(np.int64) * page_size
+    full = (rows[:, :, None] + np.arange(page_size)[None, None, :]).reshape(rows.shape[0], -1)
+    full = np.concatenate([full, np.zeros((rows.shape[0], max(0, k + page_size - full.shape[1])), np.int64)], axis=1)
+    idx = np.asarray(offset, np.int64).reshape(-1, 1) + np.arange(k)[None, :]
+    out = np.take_along_axis(full, idx, axis=1)
+    out[np.arange(k)[None, :] >= counts.reshape(-1, 1)] = -1
+    return out.reshape(*lead, k)
 
 
 class RequestPages:
@@ -57,8 +75,12 @@ class RequestPages:
         if counts.sum() != len(ids):
             raise PoolError(f"append: counts sum to {counts.sum()} but {len(ids)} page ids were given")
         self._grow(int((self.npages + counts).max(initial=0)))
-        rows, pos = ragged_index(counts)
-        self.pages[rows, self.npages[rows] + pos] = ids
+        if counts.max(initial=0) <= 1:  # decode: at most one page per v
+            rows = np.flatnonzero(counts)
+            self.pages[rows, self.npages[rows]] = ids
+        else:
+            rows, pos = ragged_index(counts)
+            self.pages[rows, self.npages[rows] + pos] = ids
         self.npages += counts
 
     def set_prefix(self, pages: np.ndarray, npages: np.ndarray, lens: np.ndarray) -> None:
@@ -73,15 +95,30 @@ class RequestPages:
         """Pages to append per v so slots up to new_lens fit. int64 [V]."""
         return np.maximum(0, -(-np.asarray(new_lens, np.int64) // self.page_size) - self.npages)
 
+    def chunk_pages(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Pages the next counts[v] slots fall in: (pages int32 [V, W] -1 padded, first offset int64 [V]).
+
+        Slot j of the run in v is page pages[v, (offset[v] + j) // P], offset (offset[v] + j) % P.
+        """
+        counts = np.asarray(counts, dtype=np.int64)
+        P = self.page_size
+        first, offset = self.lens // P, self.lens % P
+        ncols = np.where(counts > 0, -(-(offset + counts) // P), 0)
+        width = max(1, int(ncols.max(initial=0)))
+        col = first[:, None] + np.arange(width)[None, :]
+        valid = np.arange(width)[None, :] < ncols[:, None]
+        page = np.take_along_axis(self.pages, np.where(valid, col, 0), axis=1)
+        return np.where(valid, page, -1).astype(np.int32), offset
+
     def slot_locs(self, counts: np.ndarray) -> np.ndarray:
         """Flat slot index (page * P + offset) of the next counts[v] slots. int64 [V, max(counts)], -1 padded."""
-        counts = np.asarray(counts, dtype=np.int64)
-        width = int(counts.max(initial=0))
-        s = self.lens[:, None] + np.arange(width)[None, :]
-        valid = np.arange(width)[None, :] < counts[:, None]
-        col = np.where(valid, s // self.page_size, 0)
-        page = np.take_along_axis(self.pages, col, axis=1).astype(np.int64)
-        return np.where(valid, page * self.page_size + s % self.page_size, -1)
+        pages, offset = self.chunk_pages(counts)
+        return flat_slot_locs(pages, offset, counts, self.page_size)
+
+    def next_slot_locs(self) -> np.ndarray:
+        """Flat slot index of the next slot of every v (its page must be appended). int64 [V]."""
+        page = self.pages[np.arange(self.num_virtual), self.lens // self.page_size].astype(np.int64)
+        return page * self.page_size + self.lens % self.page_size
 
     def advance(self, counts: np.ndarray) -> None:
         new = self.lens + np.asarray(counts, dtype=np.int64)

@@ -1,0 +1,222 @@
+"""Control-plane benchmark: admission + allocation + release per request as L x G grows (paper 3.1.2, 4.2.3).
+
+Workload per batch of B requests: N prompt tokens in chunks of C, D decode steps (batched over
+the B requests), then release. Per virtual layer v the budget beta_v is drawn in [0.05, 1].
+
+  tangram          RaggedKVCache: admit (exact plan + reserve), prefill_chunk (draw + slot ids),
+                   decode (batched), finish/abort. Vectorized over V = L x G with numpy.
+  tangram_tables   the above plus the views for the attention side: flat slot ids of every
+                   chunk and the decode block table [B, L, G, W] rebuilt every step.
+  compress_reclaim the same pool and block table, but no plan: each chunk allocates its
+                   uncompressed length in every v, then, once compression is known, frees the
+                   pages past the kept slots and truncates the table (compress-then-reclaim).
+  per_v_loop       exact reservation like tangram, but a Python loop over the V virtual layers
+                   for every allocation (the O(N_req x H / H_p) block table of paper 4.2.3).
+  sglang_paged     SGLang 0.5.23's PagedTokenToKVPoolAllocator (page P, CPU tensors) for the
+                   same tokens uncompressed, one slot per token for all layers (req_to_token
+                   rows written as SGLang does). Runs when sglang imports; says so otherwise.
+
+Times are host (CPU) microseconds per request, best of --repeat, measured in one run so the
+columns compare; ratios are to `tangram`.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/control_plane.py     # -> benchmarks/results/control_plane.{md,json}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tangram_sglang.budgets import keep_count  # noqa: E402
+from tangram_sglang.pool import PagePool, PoolSpec, RaggedKVCache, RequestPages, plan_reservation  # noqa: E402
+from tangram_sglang.pool.request_pages import ragged_index  # noqa: E402
+
+
+def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
+    spec = PoolSpec(num_layers=L, num_groups=G, heads_per_group=1, head_dim=1, page_size=P, num_pages=_pages(beta, P, batch, chunks, decode))
+    cache = RaggedKVCache(spec, beta.reshape(L, G))
+    t0 = time.perf_counter()
+    rids = list(range(batch))
+    for r in rids:
+        cache.admit(r, chunk_tokens=chunks, decode_tokens=decode)
+    for n in chunks:
+        for r in rids:
+            w = cache.prefill_chunk(r, n)
+            if tables:
+                w.slot_locs
+    for _ in range(decode):
+        cache.decode(rids)
+        if tables:
+            cache.build_layer_tables(rids)
+    for r in rids:
+        cache.abort(r)
+    return time.perf_counter() - t0
+
+
+def run_compress_reclaim(beta, L, G, P, batch, chunks, decode):
+    V = L * G
+    pool = PagePool(_pages(np.ones(V), P, batch, chunks, decode), P)
+    t0 = time.perf_counter()
+    reqs = [RequestPages(V, P) for _ in range(batch)]
+    for n in chunks:
+        kept = keep_count(beta, n)
+        for r in reqs:
+            need = r.pages_needed(r.lens + n)  # allocate the uncompressed chunk in every v
+            r.append(need, pool.take(int(need.sum())))
+            r.chunk_pages(np.full(V, n))
+            new_lens = r.lens + kept  # compression known: reclaim the tail pages
+            keep_pages = -(-new_lens // P)
+            counts, ids = r.pages_from(keep_pages, r.npages)
+            pool.decref(ids)
+            rows, pos = ragged_index(counts)
+            r.pages[rows, keep_pages[rows] + pos] = -1
+            r.npages = keep_pages
+            r.lens = new_lens
+    ones = np.ones(V, np.int64)
+    for _ in range(decode):
+        for r in reqs:
+            need = r.pages_needed(r.lens + 1)
+            r.append(need, pool.take(int(need.sum())))
+            r.next_slot_locs()
+            r.advance(ones)
+    for r in reqs:
+        pool.decref(r.held())
+    return time.perf_counter() - t0
+
+
+def run_per_v_loop(beta, L, G, P, batch, chunks, decode):
+    V = L * G
+    pool = PagePool(_pages(beta, P, batch, chunks, decode), P)
+    t0 = time.perf_counter()
+    reqs = []
+    for _ in range(batch):
+        plan = plan_reservation(beta, chunks, page_size=P, decode_tokens=decode)
+        pool.reserve(plan.total_pages)
+        reqs.append(([[] for _ in range(V)], [0] * V, plan))
+    for c, n in enumerate(chunks):
+        for pages, lens, plan in reqs:
+            for v in range(V):
+                new = lens[v] + int(plan.chunk_slots[c, v])
+                k = -(-new // P) - len(pages[v])
+                pages[v].extend(pool.take(k, from_reserved=k).tolist())
+                _ = (pages[v][lens[v] // P : -(-new // P)], lens[v] % P)  # the chunk's (pages, offset)
+                lens[v] = new
+    for _ in range(decode):
+        for pages, lens, plan in reqs:
+            for v in range(V):
+                if lens[v] % P == 0:
+                    pages[v].extend(pool.take(1, from_reserved=1).tolist())
+                _ = pages[v][lens[v] // P] * P + lens[v] % P
+                lens[v] += 1
+    for pages, lens, plan in reqs:
+        pool.decref(np.concatenate([np.asarray(p, np.int64) for p in pages]))
+    return time.perf_counter() - t0
+
+
+def _pages(beta, P, batch, chunks, decode):
+    return int(plan_reservation(np.asarray(beta, float).ravel(), chunks, page_size=P, decode_tokens=decode).total_pages * batch + 1)
+
+
+def load_sglang():
+    try:
+        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+        import torch
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+
+        return torch, PagedTokenToKVPoolAllocator
+    except Exception as exc:  # noqa: BLE001 - report whatever stops the import
+        print(f"note: SGLang allocator not importable ({type(exc).__name__}: {exc}); its column is skipped")
+        return None
+
+
+def run_sglang(sg, P, batch, chunks, decode):
+    torch, Alloc = sg
+    total = sum(chunks) + decode
+    alloc = Alloc(size=(-(-total // P) + 1) * P * batch, page_size=P, dtype=torch.float16, device="cpu",
+                  kvcache=None, need_sort=False)
+    req_to_token = torch.zeros((batch, total + 1), dtype=torch.int32)
+    rows = torch.arange(batch)
+    t0 = time.perf_counter()
+    lens = torch.zeros(batch, dtype=torch.int64)
+    for n in chunks:
+        last = torch.where(lens > 0, req_to_token[rows, (lens - 1).clamp(min=0)].to(torch.int64), torch.full_like(lens, -1))
+        seq = lens + n
+        out = alloc.alloc_extend(lens, lens.clone(), seq, seq.clone(), last, batch * n)
+        cols = lens[:, None] + torch.arange(n)[None, :]
+        req_to_token[rows[:, None], cols] = out.view(batch, n).to(torch.int32)
+        lens = seq
+    for _ in range(decode):
+        last = req_to_token[rows, lens - 1].to(torch.int64)
+        seq = lens + 1
+        out = alloc.alloc_decode(seq, seq.clone(), last)
+        req_to_token[rows, lens] = out.to(torch.int32)
+        lens = seq
+    for b in range(batch):
+        alloc.free(req_to_token[b, : int(lens[b])].to(torch.int64))
+    return time.perf_counter() - t0
+
+
+def best(fn, repeat):
+    return min(fn() for _ in range(repeat))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, nargs="+", default=[16, 32, 80])
+    ap.add_argument("--groups", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--chunk", type=int, default=1024)
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-loop", action="store_true", help="skip the per-v Python loop baseline")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = ap.parse_args(argv)
+    chunks = [args.chunk] * (args.tokens // args.chunk) + ([args.tokens % args.chunk] if args.tokens % args.chunk else [])
+    sg = load_sglang()
+    rng = np.random.default_rng(0)
+    P, B, D = args.page_size, args.batch, args.decode
+    rows = []
+    for L in args.layers:
+        for G in args.groups:
+            beta = rng.uniform(0.05, 1.0, L * G)
+            us = lambda f: 1e6 * best(f, args.repeat) / B  # noqa: E731
+            row = dict(L=L, G=G, V=L * G,
+                       tangram=us(lambda: run_tangram(beta, L, G, P, B, chunks, D)),
+                       tangram_tables=us(lambda: run_tangram(beta, L, G, P, B, chunks, D, tables=True)),
+                       compress_reclaim=us(lambda: run_compress_reclaim(beta, L, G, P, B, chunks, D)))
+            if not args.no_loop:
+                row["per_v_loop"] = us(lambda: run_per_v_loop(beta, L, G, P, B, chunks, D))
+            if sg is not None:
+                row["sglang_paged"] = us(lambda: run_sglang(sg, P, B, chunks, D))
+            rows.append(row)
+            print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    cols = [c for c in ("tangram", "tangram_tables", "compress_reclaim", "per_v_loop", "sglang_paged") if c in rows[0]]
+    lines = [f"Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/control_plane.py`", "",
+             f"Per request, host microseconds (best of {args.repeat}); batch {B}, {args.tokens} prompt tokens in "
+             f"chunks of {args.chunk}, {D} decode steps, P={P}. In brackets: time / tangram.", "",
+             "| L | G | V | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [f"{r[c]:.0f}" + ("" if c == "tangram" else f" ({r[c] / r['tangram']:.2f}x)") for c in cols]
+        lines.append(f"| {r['L']} | {r['G']} | {r['V']} | " + " | ".join(cells) + " |")
+    if sg is None:
+        lines += ["", "sglang_paged: skipped, SGLang's allocator did not import here."]
+    text = "\n".join(lines) + "\n"
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "control_plane.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "control_plane.json"), "w") as f:
+        json.dump(dict(args=vars(args), rows=rows), f, indent=1)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

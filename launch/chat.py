@@ -1,0 +1,90 @@
+"""Serve a model with a Tangram profile, then hold a multi-turn chat with it.
+
+    python launch/chat.py                      # SmolLM2 + its shipped profile (or a uniform 1.0 one)
+    python launch/chat.py --profile p.yaml --turns 4
+    python launch/chat.py --url http://127.0.0.1:30000   # talk to a running server
+
+Talks to the server over the OpenAI-compatible API on 127.0.0.1, keeping the
+whole conversation in each request: SGLang's radix tree reuses the history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+QUESTIONS = [
+    "Hi! In one sentence, what is a KV cache in a language model?",
+    "Why does it grow in a multi-turn chat?",
+    "Give one way to make it smaller.",
+    "Summarize our conversation in one sentence.",
+]
+
+
+def default_profile(model_path: str, out_dir: str) -> str:
+    """The shipped SmolLM2 profile when present, else a uniform 1.0 profile written for the model."""
+    repo = os.path.dirname(HERE)
+    shipped = os.path.join(repo, "configs", "smollm2-snapkv.yaml")
+    if os.path.isfile(shipped) and "SmolLM2" in model_path:
+        return shipped
+    from tangram_sglang.uniform_profile import main as write_uniform
+
+    path = os.path.join(out_dir, "uniform-1.0.yaml")
+    write_uniform(["--model-path", model_path, "--ratio", "1.0", "-o", path])
+    return path
+
+
+def chat(url: str, turns: int, max_tokens: int) -> list[dict]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key="none")
+    messages: list[dict] = []
+    for question in QUESTIONS[:turns]:
+        messages.append({"role": "user", "content": question})
+        t0 = time.time()
+        resp = client.chat.completions.create(model="default", messages=messages, max_tokens=max_tokens,
+                                              temperature=0)
+        answer = resp.choices[0].message.content
+        messages.append({"role": "assistant", "content": answer})
+        cached = getattr(resp.usage.prompt_tokens_details, "cached_tokens", None) if resp.usage.prompt_tokens_details else None
+        print(f"\nuser: {question}\nassistant: {answer}\n  [{resp.usage.prompt_tokens} prompt tokens"
+              f"{f', {cached} cached' if cached is not None else ''}, {resp.usage.completion_tokens} generated,"
+              f" {time.time() - t0:.1f} s]", flush=True)
+    return messages
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2", help="a key of launch/models.py, or an HF folder")
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--url", default=None, help="use a running server instead of starting one")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    args = ap.parse_args()
+    if args.url:
+        chat(args.url, args.turns, args.max_tokens)
+        return
+    from models import ensure_model
+
+    from tangram_sglang.server_process import ServerProcess
+
+    model_path = args.model if os.path.isdir(args.model) else ensure_model(args.model)
+    cache = os.environ.get("TANGRAM_CACHE", os.path.expanduser("~/.cache/tangram_sglang"))
+    profile = args.profile or default_profile(model_path, cache)
+    print(f"[chat] serving {model_path} with --tangram-profile {profile} on port {args.port} ...", flush=True)
+    server = ServerProcess(model_path, port=args.port, profile=profile, threads=2,
+                           extra_args=["--enable-cache-report"])
+    with server:
+        print(f"[chat] server ready ({server.url}); log: {server.log_path}", flush=True)
+        chat(server.url, args.turns, args.max_tokens)
+    print("\n[chat] server stopped.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Start `python -m sglang.launch_server` as a child process and wait until it serves.
+
+Used by the demo (launch/chat.py) and the end-to-end tests. The child's output
+goes to a log file; a launch that exits early raises with the log's tail.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+# A CPU-friendly default KV size: SGLang's default is sized for a GPU.
+CPU_DEFAULT_ARGS = ["--dtype", "float32", "--max-total-tokens", "16384"]
+
+
+class ServerProcess:
+    """Context manager around an SGLang HTTP server on 127.0.0.1."""
+
+    def __init__(self, model_path: str, *, port: int = 30000, profile: str | None = None,
+                 extra_args: list[str] | None = None, log_path: str | None = None, threads: int = 1):
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path or os.path.join("/tmp", f"tangram-server-{port}.log")
+        self.args = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+                     "--host", "127.0.0.1", "--port", str(port), *CPU_DEFAULT_ARGS, *(extra_args or [])]
+        if profile:
+            self.args += ["--tangram-profile", profile]
+        self.env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 300) -> "ServerProcess":
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            if self._healthy():
+                return self
+            time.sleep(1)
+        self.stop()
+        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log_tail()}")
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health_generate", timeout=30) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def log_tail(self, n: int = 40) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
