@@ -51,13 +51,14 @@ def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
             w = cache.prefill_chunk(r, n)
             if tables:
                 w.slot_locs
+    t1 = time.perf_counter()
     for _ in range(decode):
         cache.decode(rids)
         if tables:
             cache.build_layer_tables(rids)
     for r in rids:
         cache.abort(r)
-    return time.perf_counter() - t0
+    return t1 - t0, time.perf_counter() - t0
 
 
 def run_compress_reclaim(beta, L, G, P, batch, chunks, decode):
@@ -79,6 +80,7 @@ def run_compress_reclaim(beta, L, G, P, batch, chunks, decode):
             r.pages[rows, keep_pages[rows] + pos] = -1
             r.npages = keep_pages
             r.lens = new_lens
+    t1 = time.perf_counter()
     ones = np.ones(V, np.int64)
     for _ in range(decode):
         for r in reqs:
@@ -88,7 +90,7 @@ def run_compress_reclaim(beta, L, G, P, batch, chunks, decode):
             r.advance(ones)
     for r in reqs:
         pool.decref(r.held())
-    return time.perf_counter() - t0
+    return t1 - t0, time.perf_counter() - t0
 
 
 def run_per_v_loop(beta, L, G, P, batch, chunks, decode):
@@ -108,6 +110,7 @@ def run_per_v_loop(beta, L, G, P, batch, chunks, decode):
                 pages[v].extend(pool.take(k, from_reserved=k).tolist())
                 _ = (pages[v][lens[v] // P : -(-new // P)], lens[v] % P)  # the chunk's (pages, offset)
                 lens[v] = new
+    t1 = time.perf_counter()
     for _ in range(decode):
         for pages, lens, plan in reqs:
             for v in range(V):
@@ -117,7 +120,7 @@ def run_per_v_loop(beta, L, G, P, batch, chunks, decode):
                 lens[v] += 1
     for pages, lens, plan in reqs:
         pool.decref(np.concatenate([np.asarray(p, np.int64) for p in pages]))
-    return time.perf_counter() - t0
+    return t1 - t0, time.perf_counter() - t0
 
 
 def _pages(beta, P, batch, chunks, decode):
@@ -152,6 +155,7 @@ def run_sglang(sg, P, batch, chunks, decode):
         cols = lens[:, None] + torch.arange(n)[None, :]
         req_to_token[rows[:, None], cols] = out.view(batch, n).to(torch.int32)
         lens = seq
+    t1 = time.perf_counter()
     for _ in range(decode):
         last = req_to_token[rows, lens - 1].to(torch.int64)
         seq = lens + 1
@@ -160,11 +164,13 @@ def run_sglang(sg, P, batch, chunks, decode):
         lens = seq
     for b in range(batch):
         alloc.free(req_to_token[b, : int(lens[b])].to(torch.int64))
-    return time.perf_counter() - t0
+    return t1 - t0, time.perf_counter() - t0
 
 
 def best(fn, repeat):
-    return min(fn() for _ in range(repeat))
+    """(prefill phase, whole request) seconds, each the best of repeat runs."""
+    runs = [fn() for _ in range(repeat)]
+    return min(r[0] for r in runs), min(r[1] for r in runs)
 
 
 def main(argv=None):
@@ -188,7 +194,7 @@ def main(argv=None):
     for L in args.layers:
         for G in args.groups:
             beta = rng.uniform(0.05, 1.0, L * G)
-            us = lambda f: 1e6 * best(f, args.repeat) / B  # noqa: E731
+            us = lambda f: tuple(1e6 * t / B for t in best(f, args.repeat))  # noqa: E731
             row = dict(L=L, G=G, V=L * G,
                        tangram=us(lambda: run_tangram(beta, L, G, P, B, chunks, D)),
                        tangram_tables=us(lambda: run_tangram(beta, L, G, P, B, chunks, D, tables=True)),
@@ -198,15 +204,19 @@ def main(argv=None):
             if sg is not None:
                 row["sglang_paged"] = us(lambda: run_sglang(sg, P, B, chunks, D))
             rows.append(row)
-            print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+            print({k: (tuple(round(x) for x in v) if isinstance(v, tuple) else v) for k, v in row.items()}, flush=True)
     cols = [c for c in ("tangram", "tangram_tables", "compress_reclaim", "per_v_loop", "sglang_paged") if c in rows[0]]
     lines = [f"Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/control_plane.py`", "",
-             f"Per request, host microseconds (best of {args.repeat}); batch {B}, {args.tokens} prompt tokens in "
-             f"chunks of {args.chunk}, {D} decode steps, P={P}. In brackets: time / tangram.", "",
-             "| L | G | V | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
-    for r in rows:
-        cells = [f"{r[c]:.0f}" + ("" if c == "tangram" else f" ({r[c] / r['tangram']:.2f}x)") for c in cols]
-        lines.append(f"| {r['L']} | {r['G']} | {r['V']} | " + " | ".join(cells) + " |")
+             f"Host microseconds per request (best of {args.repeat}); batch {B}, {args.tokens} prompt tokens in "
+             f"chunks of {args.chunk}, {D} decode steps (batched), P={P}. In brackets: time / tangram.", ""]
+    for phase, idx in (("Prefill phase: admission + allocation of every chunk", 0),
+                       ("Whole request: admission + prefill + decode + release", 1)):
+        lines += [f"### {phase}", "", "| L | G | V | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
+        for r in rows:
+            base = r["tangram"][idx]
+            cells = [f"{r[c][idx]:.0f}" + ("" if c == "tangram" else f" ({r[c][idx] / base:.2f}x)") for c in cols]
+            lines.append(f"| {r['L']} | {r['G']} | {r['V']} | " + " | ".join(cells) + " |")
+        lines.append("")
     if sg is None:
         lines += ["", "sglang_paged: skipped, SGLang's allocator did not import here."]
     text = "\n".join(lines) + "\n"

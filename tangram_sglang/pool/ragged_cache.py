@@ -177,17 +177,19 @@ class RaggedKVCache:
         for r, req in zip(rids, reqs):
             if not req.prefill_done:
                 raise PoolError(f"request {r!r}: decode before its prefill is complete")
-        P = self.spec.page_size
-        needs = [(req.pages.lens % P == 0).astype(np.int64) for req in reqs]
+        P, V = self.spec.page_size, self.spec.num_virtual
+        needs = [(req.pages.lens % P == 0).astype(np.int64) for req in reqs]  # npages == ceil(lens / P)
         unreserved = sum(int(np.maximum(n - req.reserved_left, 0).sum()) for n, req in zip(needs, reqs))
         if unreserved > self.pool.available:
             return None
-        out = np.empty((len(reqs), self.spec.num_virtual), dtype=np.int64)
-        ones = np.ones(self.spec.num_virtual, dtype=np.int64)
+        out = np.empty((len(reqs), V), dtype=np.int64)
+        all_v = np.arange(V)
         for i, (need, req) in enumerate(zip(needs, reqs)):
-            self._take(req, need, unreserved_ok=True)
-            out[i] = req.pages.next_slot_locs()
-            req.pages.advance(ones)
+            if need.any():
+                self._take(req, need, unreserved_ok=True)
+            pages, lens = req.pages.pages, req.pages.lens
+            out[i] = pages[all_v, lens // P].astype(np.int64) * P + lens % P
+            req.pages.lens = lens + 1  # its page was appended above
         return out.reshape(len(reqs), self.spec.num_layers, self.spec.num_groups)
 
     # -- release ---------------------------------------------------------------------------------
