@@ -38,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tangram_sglang.attention.baselines import fa2_num_splits, planned_chunk  # noqa: E402
 from tangram_sglang.budgets import keep_count  # noqa: E402
 from tangram_sglang.profile import load_profile  # noqa: E402
 from tangram_sglang.reference_import import available, reference_profile  # noqa: E402
@@ -57,32 +58,6 @@ def pieces_work(lens: np.ndarray, sizes: np.ndarray, splits: np.ndarray) -> np.n
         starts = np.arange(s[b, g]) * piece[b, g]
         out.append(np.clip(n - starts, 0, piece[b, g]) * sizes[g])
     return np.concatenate(out)
-
-
-def fa2_num_splits(batch_groups: int, capacity: int, num_blocks: int, max_splits: int = 128) -> int:
-    """FlashAttention-2's num_splits_heuristic (flash_api.cpp) for a uniform split count."""
-    if batch_groups >= 0.8 * capacity:
-        return 1
-    max_splits = max(1, min(max_splits, capacity, num_blocks))
-    eff = []
-    for s in range(1, max_splits + 1):
-        waves = batch_groups * s / capacity
-        eff.append(waves / np.ceil(waves))
-    best = max(eff)
-    return next(s for s, e in enumerate(eff, start=1) if e >= 0.85 * best)
-
-
-def planned_chunk(lens: np.ndarray, capacity: int) -> tuple[int, int]:
-    """Smallest chunk c with sum ceil(len / c) <= capacity (binary search); (c, evaluations)."""
-    lo, hi, evals = 1, max(int(lens.max()), 1), 0
-    while lo < hi:
-        mid = (lo + hi) // 2
-        evals += lens.size
-        if int((-(-lens // mid)).sum()) <= capacity:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo, evals
 
 
 def makespan(work: np.ndarray, capacity: int) -> float:

@@ -47,9 +47,11 @@ def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
     """
     _, page_size, hp, d = k_pages.shape
     loc, valid = piece_slots(pieces, block_table, page_size)
-    k = k_pages.reshape(-1, hp, d)[loc].float().permute(0, 2, 3, 1)  # [NP, H_p, d, W]
-    v = v_pages.reshape(-1, hp, d)[loc].float().transpose(1, 2)  # [NP, H_p, W, d]
-    s = torch.matmul(qg[pieces.item], k) * sm_scale  # [NP, H_p, Mg, W]
+    num_p, width = loc.shape
+    flat = loc.reshape(-1)  # index_select on [slots, H_p * d] beats advanced indexing on CPU
+    k = k_pages.reshape(-1, hp * d).index_select(0, flat).view(num_p, width, hp, d).float().permute(0, 2, 3, 1)
+    v = v_pages.reshape(-1, hp * d).index_select(0, flat).view(num_p, width, hp, d).float().transpose(1, 2)
+    s = torch.matmul(qg[pieces.item], k) * sm_scale  # k [NP, H_p, d, W] -> s [NP, H_p, Mg, W]
     s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
     m = s.amax(dim=-1, keepdim=True)  # finite: every piece has >= 1 slot
     p = torch.exp(s - m)

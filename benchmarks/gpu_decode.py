@@ -1,0 +1,265 @@
+"""GPU decode attention: check the kernels, then time uniform splits, the AOT split map
+and FlashInfer's per-layer planning. Needs torch (CUDA), Triton, nvcc; not sglang.
+
+    python benchmarks/gpu_decode.py                       # check + time, writes
+        benchmarks/results/gpu_decode_<device>.{md,json}
+    python benchmarks/gpu_decode.py --export              # (CPU side) refresh benchmarks/profiles/*.json
+
+1. Check: Triton and CUDA decode against the torch reference on the GPU
+   (fp32 and bf16, odd sizes, empty groups, page sizes 1 and 16, GQA 1 and 4).
+2. Time one decode step (all L layers) of B requests of context N per workload
+   (a profile exported to benchmarks/profiles/*.json): each group holds
+   ceil(beta_g N) slots. Strategies: the same kernel with uniform splits
+   (FA2's heuristic) and with the split map S (Algorithm 1 for this GPU's
+   N_CTA), both as CUDA-graph replays (device time only); FlashInfer's paged
+   decode with one plan() per layer per step (every (request, group) is a
+   request with H_p KV heads), plan and run timed apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tangram_sglang.attention.baselines import fa2_num_splits  # noqa: E402
+from tangram_sglang.attention.layer_meta import build_layer_meta  # noqa: E402
+from tangram_sglang.attention.reference import ragged_decode_torch  # noqa: E402
+from tangram_sglang.attention.split_row import make_split_row, uniform_split_row  # noqa: E402
+from tangram_sglang.attention.testing import make_ragged_cache  # noqa: E402
+from tangram_sglang.budgets import keep_count  # noqa: E402
+from tangram_sglang.grouping import group_budgets  # noqa: E402
+from tangram_sglang.split_map import compute_split_map  # noqa: E402
+
+PROFILE_DIR = os.path.join(ROOT, "benchmarks", "profiles")
+# (reference scorer, model, q heads, heads per group) exported by --export
+EXPORTS = [("snapkv", "llama-3.1-8b-instruct", 32, 2), ("fastkvzip", "qwen3-4b-instruct-2507", 32, 2)]
+
+
+def kernels():
+    from tangram_sglang.attention.cuda_ext import ragged_decode_cuda
+    from tangram_sglang.attention.triton_decode import ragged_decode_triton
+
+    return {"triton": ragged_decode_triton, "cuda": ragged_decode_cuda}
+
+
+def check(dev: str) -> list[dict]:
+    """Max abs error of each kernel vs the torch reference on small ragged caches."""
+    rows, rng = [], np.random.default_rng(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        for h, gqa, hp, page in [(4, 1, 1, 1), (6, 4, 2, 16), (5, 3, 4, 16), (8, 4, 4, 1)]:
+            lens = rng.integers(0, 300, size=(3, math.ceil(h / hp)))
+            lens.flat[0], lens.flat[1] = 0, 1
+            c = make_ragged_cache(lens, num_kv_heads=h, gqa=gqa, heads_per_group=hp, head_dim=128,
+                                  page_size=page, seed=int(lens.sum()), dtype=dtype)
+            q = torch.randn(3, h * gqa, 128).to(dtype)
+            split = make_split_row(rng.integers(1, 9, size=lens.shape[1]))
+            args = [t.to(dev) for t in (q, c.k_pages, c.v_pages, c.block_table, c.seq_lens)]
+            ref = ragged_decode_torch(*args, c.meta.to(dev), split.to(dev), 0.088).float()
+            for name, fn in kernels().items():
+                err = (fn(*args, c.meta.to(dev), split.to(dev), 0.088).float() - ref).abs().max().item()
+                tol = 1e-4 if dtype == torch.float32 else 3e-2
+                rows.append({"kernel": name, "dtype": str(dtype).split(".")[-1], "H": h, "gqa": gqa, "H_p": hp,
+                             "page": page, "max_abs_err": err, "ok": err <= tol})
+    return rows
+
+
+class Workload:
+    """One exported profile on the device: per-layer metas, lengths, split rows, one shared pool."""
+
+    def __init__(self, spec: dict, batch: int, ctx: int, page: int, dtype, dev: str, capacity: int):
+        self.spec, self.batch, self.ctx = spec, batch, ctx
+        budgets = np.asarray(spec["budgets"])
+        self.beta = group_budgets(budgets, spec["groups"])
+        self.split_map = compute_split_map(budgets, spec["groups"], capacity)
+        hp, d = spec["heads_per_group"], spec["head_dim"]
+        self.metas = [build_layer_meta(g, num_q_heads=spec["num_q_heads"], num_kv_heads=spec["num_kv_heads"],
+                                       heads_per_group=hp, device=dev) for g in spec["groups"]]
+        self.lens = [torch.as_tensor(keep_count(b[None, :], np.full((batch, 1), ctx)), dtype=torch.int32,
+                                     device=dev) for b in self.beta]
+        num_g = self.beta.shape[1]
+        pages_per = -(-int(max(t.max() for t in self.lens)) // page)
+        num_pages = batch * num_g * pages_per
+        self.table = torch.randperm(num_pages, device=dev).to(torch.int32).view(batch, num_g, pages_per)
+        self.k_pages = torch.randn(num_pages, page, hp, d, device=dev, dtype=dtype)
+        self.v_pages = torch.randn_like(self.k_pages)
+        self.q = torch.randn(batch, spec["num_q_heads"], d, device=dev, dtype=dtype)
+        self.scale = 1.0 / math.sqrt(d)
+        u = fa2_num_splits(batch * num_g, capacity, -(-ctx // 256))
+        self.splits = {"uniform": [uniform_split_row(num_g, u, dev)] * len(self.metas),
+                       "aot": [make_split_row(r, dev) for r in self.split_map]}
+        self.uniform_splits = u
+
+    def step(self, fn, splits):
+        for layer, meta in enumerate(self.metas):
+            fn(self.q, self.k_pages, self.v_pages, self.table, self.lens[layer], meta, splits[layer], self.scale)
+
+
+def graph_ms(run, reps: int = 20) -> float:
+    """Device time of run() as a CUDA-graph replay (falls back to eager launches)."""
+    run()
+    torch.cuda.synchronize()
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            run()
+        target = g.replay
+    except Exception:  # noqa: BLE001 - capture unsupported: time eagerly
+        target = run
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    target()
+    start.record()
+    for _ in range(reps):
+        target()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def flashinfer_ms(w: Workload, reps: int = 10) -> dict | None:
+    """Per-layer plan() + run() of FlashInfer's paged decode; None without flashinfer."""
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+    dev, page = w.q.device, w.k_pages.shape[1]
+    hp, d = w.spec["heads_per_group"], w.spec["head_dim"]
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout="NHD")
+    qg = [w.q[:, m.q_head.reshape(-1)].reshape(-1, m.rows_per_group, d).contiguous() for m in w.metas]
+
+    def plan(layer):
+        lens = w.lens[layer].reshape(-1).to(torch.int64)
+        count = torch.clamp((lens + page - 1) // page, min=1)
+        indptr = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=dev)
+        indptr[1:] = torch.cumsum(count, 0)
+        cols = torch.arange(w.table.shape[-1], device=dev)
+        indices = w.table.reshape(lens.numel(), -1)[cols[None, :] < count[:, None]]
+        last = (lens - (count - 1) * page).to(torch.int32)
+        wrapper.plan(indptr, indices, last, hp * w.metas[layer].gqa, hp, d, page, q_data_type=w.q.dtype,
+                     kv_data_type=w.k_pages.dtype, sm_scale=w.scale)
+
+    def step(do_plan=True):
+        for layer in range(len(w.metas)):
+            if do_plan:
+                plan(layer)
+            wrapper.run(qg[layer], (w.k_pages, w.v_pages))
+
+    try:
+        step()
+    except Exception as exc:  # noqa: BLE001 - e.g. an unsupported GQA group size
+        return {"error": repr(exc)[:200]}
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        step()
+    torch.cuda.synchronize()
+    total = (time.perf_counter() - t0) / reps * 1e3
+    plan(len(w.metas) - 1)
+    run_only = graph_ms(lambda: wrapper.run(qg[-1], (w.k_pages, w.v_pages))) * len(w.metas)
+    return {"plan_and_run_ms": total, "run_only_ms_est": run_only}
+
+
+def time_workloads(args, dev: str, capacity: int) -> list[dict]:
+    rows, kern = [], kernels()
+    for path in args.workload or sorted(glob.glob(os.path.join(PROFILE_DIR, "*.json"))):
+        spec = json.load(open(path))
+        for batch in args.batch:
+            w = Workload(spec, batch, args.context, args.page_size, getattr(torch, args.dtype), dev, capacity)
+            row = {"workload": os.path.basename(path), "batch": batch, "context": args.context,
+                   "uniform_splits": w.uniform_splits, "aot_ctas_per_req": int(w.split_map.sum(1).mean())}
+            for name, fn in kern.items():
+                for strat, splits in w.splits.items():
+                    row[f"{name}_{strat}_ms"] = graph_ms(lambda: w.step(fn, splits))
+            row["flashinfer"] = flashinfer_ms(w)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del w
+            torch.cuda.empty_cache()
+    return rows
+
+
+def export() -> None:
+    """Write benchmarks/profiles/*.json from the reference data and SmolLM2's profile (CPU side)."""
+    from tangram_sglang.profile import load_profile
+    from tangram_sglang.reference_import import REFERENCE_MODELS, reference_profile
+
+    os.makedirs(PROFILE_DIR, exist_ok=True)
+    specs = []
+    for scorer, model, hq, hp in EXPORTS:
+        e = reference_profile(scorer, model, [0.25], heads_per_group=hp).entries[0]
+        specs.append((f"{model}-{scorer}-0.25-hp{hp}", e, hq, REFERENCE_MODELS[model][1], hp))
+    smol = os.environ.get("TANGRAM_SMOLLM2_PROFILE", "/tmp/smollm2-snapkv.yaml")
+    if os.path.isfile(smol):
+        prof = load_profile(smol)
+        specs.append(("smollm2-135m-snapkv-0.25", prof.select(0.25), 9, 64, prof.heads_per_group))
+    for name, e, hq, d, hp in specs:
+        out = {"name": name, "num_layers": len(e.groups), "num_kv_heads": int(e.budgets.shape[1]),
+               "num_q_heads": hq, "head_dim": d, "heads_per_group": hp, "ratio": e.ratio,
+               "budgets": np.round(e.budgets, 6).tolist(), "groups": e.groups}
+        with open(os.path.join(PROFILE_DIR, name + ".json"), "w") as f:
+            json.dump(out, f)
+        print("wrote", name)
+
+
+def markdown(device: str, capacity: int, checks: list[dict], rows: list[dict], cmd: str) -> str:
+    ok = all(c["ok"] for c in checks)
+    worst = {k: max(c["max_abs_err"] for c in checks if c["kernel"] == k) for k in ("triton", "cuda")}
+    lines = [f"# GPU decode attention on {device}", "", f"`{cmd}`", "",
+             f"N_CTA (split map) = {capacity}. Kernel check vs torch reference: {'all pass' if ok else 'FAILURES'} "
+             f"(worst abs err: triton {worst['triton']:.2e}, cuda {worst['cuda']:.2e}).", "",
+             "Times: one decode step over all layers, ms. Kernel columns: CUDA-graph replay (device time). "
+             "FlashInfer: plan() per layer per step + run(), wall time; run-only estimate from a graph replay.", "",
+             "| workload | B | N | U | triton uniform | triton AOT | cuda uniform | cuda AOT | FI plan+run | FI run only |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        fi = r["flashinfer"] or {}
+        lines.append(f"| {r['workload']} | {r['batch']} | {r['context']} | {r['uniform_splits']} "
+                     f"| {r['triton_uniform_ms']:.3f} | {r['triton_aot_ms']:.3f} | {r['cuda_uniform_ms']:.3f} "
+                     f"| {r['cuda_aot_ms']:.3f} | {fi.get('plan_and_run_ms', float('nan')):.3f} "
+                     f"| {fi.get('run_only_ms_est', float('nan')):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--export", action="store_true", help="write benchmarks/profiles/*.json and stop")
+    ap.add_argument("--workload", action="append", help="exported profile json (default: all)")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--context", type=int, default=16384)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--blocks-per-sm", type=int, default=1, help="N_CTA = SMs x this")
+    ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
+    args = ap.parse_args(argv)
+    if args.export:
+        return export()
+    if not torch.cuda.is_available():
+        sys.exit("gpu_decode.py needs a GPU (use --export on the CPU side)")
+    dev = "cuda"
+    props = torch.cuda.get_device_properties(0)
+    capacity = props.multi_processor_count * args.blocks_per_sm
+    checks = check(dev)
+    print(json.dumps(checks), flush=True)
+    rows = time_workloads(args, dev, capacity)
+    slug = props.name.lower().replace(" ", "-")
+    cmd = "python benchmarks/gpu_decode.py " + " ".join(argv or sys.argv[1:])
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, f"gpu_decode_{slug}.json"), "w") as f:
+        json.dump({"device": props.name, "capacity": capacity, "checks": checks, "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out_dir, f"gpu_decode_{slug}.md"), "w") as f:
+        f.write(markdown(props.name, capacity, checks, rows, cmd.strip()))
+
+
+if __name__ == "__main__":
+    main()
