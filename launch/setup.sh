@@ -15,7 +15,14 @@ VENV=${TANGRAM_VENV:-.venv}
 PY=${PYTHON:-python3}
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+# pip, quiet; sglang's own metadata pins CUDA packages we deliberately leave out,
+# so its resolver complaints about them are expected and filtered.
+NOISE='is ignored: it is neither|^sglang 0\.5\.23 requires|dependency resolver does not currently'
+pip() {
+  local out
+  out=$("$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2>&1) || { echo "$out"; return 1; }
+  echo "$out" | grep -v -E "$NOISE" || true
+}
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   GPU=1; TORCH="torch==2.13.0"
@@ -24,7 +31,7 @@ else
 fi
 echo "[setup] gpu=$GPU venv=$VENV"
 pip install "$TORCH"
-TORCH_VER=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')
+TORCH_VER=$("$VENV/bin/python" -W ignore -c 'import torch; print(torch.__version__)')
 echo "torch==$TORCH_VER" > "$VENV/torch-constraint.txt"
 echo "[setup] torch $TORCH_VER"
 
