@@ -157,7 +157,14 @@ def fmt_tables(rows, mt_rows, args) -> str:
                      f"{rc['adjacent']:.1%} | {rc['budget_aware']:.1%} | {rc['ideal']:.1%} | {ratio_ba:.3f} | "
                      f"{100 * (rc['budget_aware'] - rc['adjacent']):.1f} | "
                      f"{f['full']} / {f['monolithic']} / {f['adjacent']} / {f['budget_aware']} / {f['ideal']} |")
-    lines += ["", f"Fit = requests of this workload in a pool that holds {args.pool_requests} full-KV requests.", ""]
+    lines += ["", f"Fit = requests of this workload in a pool that holds {args.pool_requests} full-KV requests. "
+              "BA/adj = budget-aware reclaim / adjacent reclaim; BA-adj = the difference in points of the full cache.",
+              "Monolithic is 0% wherever any head of any layer keeps its whole chunk (budget 1 after "
+              "mu + 2 sigma): one page spans all heads, so every head is padded to it.",
+              "Reference profiles: budgets rescaled per layer to the target ratio (reference_import); "
+              "gemma-3-12b-it and gpt-oss-20b list only their full-attention layers (8 and 12), so their "
+              "bytes are those layers'. Where H < H_p (qwen3-30b-a3b: H=2; SmolLM2: H=3), H_p is clamped "
+              "to H: one group per layer, so both groupings are the same.", ""]
     for name in sorted({r["profile"] for r in rows}):
         if not (name.startswith("smollm2") or name.startswith("llama-3.1-8b-instruct/snapkv")
                 or name.startswith("qwen3-4b-instruct-2507/snapkv")):
@@ -197,7 +204,7 @@ def plot(rows, path):
     ax.set_xticks(x, names, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("KV cache reclaimed vs full (%)")
     ax.set_title("Reclaim per method, H_p = 4, P = 16")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
