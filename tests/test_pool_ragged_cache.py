@@ -155,6 +155,11 @@ def test_in_place_extension_saves_the_copy():
     adm3 = c.admit("d", chunk_tokens=[2], prefix=segs)
     assert adm3.copy_src.size == 0
     c.check_integrity()
+    c.evict(segs[0].seg_id)
+    with pytest.raises(PoolError, match="evicted"):
+        c.admit("e", chunk_tokens=[2], prefix=segs)
+    assert "e" not in c.requests
+    c.check_integrity()
 
 
 def test_split_uncompressed_segment():

@@ -117,6 +117,8 @@ class RaggedKVCache:
             raise PoolError(f"request {rid!r} is already admitted")
         P, V = self.spec.page_size, self.spec.num_virtual
         prefix = tuple(prefix)
+        for seg in prefix:
+            self.store.get(seg.seg_id)  # raises PoolError if it was evicted
         table, npages, lens = assemble(list(prefix), V, P)
         last = np.take_along_axis(table, np.maximum(npages - 1, 0)[:, None], axis=1)[:, 0].astype(np.int64)
         partial = lens % P != 0
