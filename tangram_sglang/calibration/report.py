@@ -75,15 +75,24 @@ def _counts(results: list[SampleRetention]) -> dict:
             "tokens_min": int(min(tokens)) if tokens else 0, "tokens_max": int(max(tokens)) if tokens else 0}
 
 
+def _describe(counts: dict) -> str:
+    if not counts["count"]:
+        return "none"
+    parts = ", ".join(f"{k} {v}" for k, v in counts["by_source"].items())
+    return (f"{counts['count']} samples ({parts}), {counts['tokens_min']}-{counts['tokens_max']} tokens "
+            f"(mean {counts['tokens_mean']:.0f})")
+
+
 def markdown(report: dict) -> str:
     """A short human-readable summary of ``report``."""
     m = report["meta"]
     lines = [f"# Regularity report: {m.get('model')} / {m.get('method')}", "",
-             f"Calibration {report['samples']['calibration']}; held-out {report['samples']['heldout']}.",
-             f"alpha = {m.get('alpha')}, chunk size {m.get('chunk_size')}, pilot keeps full KV and records "
-             "the global top ceil(rho*H*n) selection per chunk (paper Eq. 3).",
-             f"Calibration time: {m.get('seconds_calibration')} s for the calibration samples, "
-             f"{m.get('seconds_total')} s in all.", "",
+             f"- Calibration: {_describe(report['samples']['calibration'])}.",
+             f"- Held-out (disjoint material): {_describe(report['samples']['heldout'])}.",
+             f"- alpha = {m.get('alpha')}, chunk size {m.get('chunk_size')}; the pilot keeps the full KV and "
+             "records, per chunk and layer, the global top ceil(rho*H*n) selection (paper Eq. 3).",
+             f"- Time: {m.get('seconds_calibration')} s for the calibration samples, "
+             f"{m.get('seconds_total')} s in all (model load, held-out, report).", "",
              "| rho | sum_h b / (rho H) mean [min, max] | held-out coverage | mean overflow | "
              "Spearman layer means (cal vs held) | Spearman per held-out sample vs b | "
              "Spearman across sources | mu range across heads | mean sigma |",
@@ -96,12 +105,22 @@ def markdown(report: dict) -> str:
             f"{cov.get('mean_overflow')} | {h.get('rank_layer_means', {}).get('mean')} | "
             f"{h.get('rank_per_sample_vs_budget', {}).get('mean')} | {r['across_sources']['mean']} | "
             f"{r['head_spread']['mean_layer_range_of_mu']} | {r['head_spread']['mean_sigma']} |")
-    lines += ["", "Reserved share of full KV (every head keeps its group's max budget):", ""]
+    lines += ["", "Held-out coverage by source: " + "; ".join(
+        f"rho {r['ratio']}: " + ", ".join(f"{s} {c['share_covered']}" for s, c in
+                                          r.get("heldout", {}).get("coverage_by_source", {}).items())
+        for r in report["ratios"]), "",
+        "Reserved share of full KV (every head keeps its group's max budget):", ""]
     for r in report["ratios"]:
         cells = ", ".join(f"H_p={g['heads_per_group']}: budget-aware {g['budget_aware']} / adjacent "
                           f"{g['adjacent']}" for g in r["grouping"])
         lines.append(f"- rho {r['ratio']}: {cells}")
-    lines += ["", "Figures in report.json; per-head boxes in retention.png (like the paper's Figure 5)."]
+    lines += ["", "Columns: coverage = share of held-out (sample, layer, head) retentions <= the budget; "
+              "overflow = mean of max(0, retention - b); Spearman values are per layer over its heads, "
+              "averaged over layers (layer means: calibration mean vs held-out mean; per sample: each "
+              "held-out sample vs b; across sources: between the per-source means of every pair of sources); "
+              "mu range = mean over layers of max_h mu - min_h mu (how different heads are), against the "
+              "mean per-head sigma (how much one head varies).",
+              "", "All figures in report.json; per-head boxes in retention.png (like the paper's Figure 5)."]
     return "\n".join(lines) + "\n"
 
 
