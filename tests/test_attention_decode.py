@@ -88,3 +88,17 @@ def test_bfloat16_pages():
                               cache.meta, make_split_row([2, 2]), 0.25)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), _expected(cache, q, 0.25), atol=2e-2, rtol=2e-2)
+
+
+def test_batched_gather_gives_the_same_result(monkeypatch):
+    import tangram_sglang.attention.reference as reference
+
+    cache = _case((4, 3, 2), 16, 3, 54, seed=11)
+    q = torch.randn(3, 12, 16)
+    split = make_split_row([3, 2])
+    want = ragged_decode_torch(q, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens, cache.meta,
+                               split, 0.25, tile=4)
+    monkeypatch.setattr(reference, "GATHER_BYTES", 1)  # one piece per batch
+    got = ragged_decode_torch(q, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens, cache.meta,
+                              split, 0.25, tile=4)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)

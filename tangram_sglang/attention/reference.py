@@ -60,6 +60,27 @@ def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
     return o, m.squeeze(-1) + torch.log(denom)
 
 
+# Gathered K/V of one batch of pieces stays below this, so it is still in cache
+# when the matmuls read it (gathering a whole large batch at once spills it).
+GATHER_BYTES = 4 << 20
+
+
+def _attend_in_batches(qg, k_pages, v_pages, block_table, pieces: Pieces, sm_scale: float):
+    """attend_pieces over consecutive batches of pieces (a loop over work, not over requests)."""
+    _, _, hp, d = k_pages.shape
+    per_piece = max(1, pieces.width * hp * d * 4)
+    step = max(1, GATHER_BYTES // per_piece)
+    if step >= pieces.item.numel():
+        return attend_pieces(qg, k_pages, v_pages, block_table, pieces, sm_scale)
+    parts = [attend_pieces(qg, k_pages, v_pages, block_table, _slice(pieces, i, i + step), sm_scale)
+             for i in range(0, pieces.item.numel(), step)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def _slice(pieces: Pieces, a: int, b: int) -> Pieces:
+    return Pieces(pieces.item[a:b], pieces.start[a:b], pieces.length[a:b], pieces.num_items)
+
+
 def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                   block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
                   pieces: Pieces, sm_scale: float):
@@ -75,7 +96,7 @@ def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
         o = torch.zeros(qg.shape, dtype=torch.float32, device=qg.device)
         lse = torch.full(qg.shape[:-1], float("-inf"), device=qg.device)
     else:
-        o, lse = attend_pieces(qg, k_pages, v_pages, block_table, pieces, sm_scale)
+        o, lse = _attend_in_batches(qg, k_pages, v_pages, block_table, pieces, sm_scale)
         o, lse = merge_by_item(o, lse, pieces.item, pieces.num_items)
     return ungroup_rows(o, meta, batch, num_q), ungroup_rows(lse, meta, batch, num_q)
 
