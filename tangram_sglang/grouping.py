@@ -10,6 +10,12 @@ Worked example, budgets of one layer b = [0.9, 0.1, 0.5, 0.2], H_p = 2:
                  -> beta = [0.2, 0.9]
 Budget-aware grouping keeps low-budget heads together, so their group's
 budget (the max of its members) stays low.
+
+When H_p does not divide H, one group is short. A pool slot is H_p heads
+wide whatever the group's size, so a group costs H_p * beta and the short
+group goes to the LOW end, where its max is smallest. Example b = [0.2, 0.9,
+1.0], H_p = 2: [[0], [1, 2]] -> beta [0.2, 1.0] (slot cost 2 * 1.2), not
+[[0, 1], [2]] -> beta [0.9, 1.0] (2 * 1.9). Adjacent grouping keeps head order.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ def group_heads(budgets: np.ndarray, heads_per_group: int, strategy: str = "budg
     num_layers, num_heads = budgets.shape
     if not 1 <= heads_per_group <= num_heads:
         raise ValueError(f"heads_per_group must be in [1, {num_heads}], got {heads_per_group}")
+    # budget-aware: a short group (H % H_p heads) takes the lowest budgets
+    first = num_heads % heads_per_group if strategy == "budget_aware" else 0
+    cuts = ([0] if first else []) + list(range(first, num_heads, heads_per_group)) + [num_heads]
     groups: Groups = []
     for layer in range(num_layers):
         order = (
@@ -46,10 +55,7 @@ def group_heads(budgets: np.ndarray, heads_per_group: int, strategy: str = "budg
             if strategy == "budget_aware"
             else np.arange(num_heads)
         )
-        groups.append([
-            [int(h) for h in order[i : i + heads_per_group]]
-            for i in range(0, num_heads, heads_per_group)
-        ])
+        groups.append([[int(h) for h in order[a:b]] for a, b in zip(cuts, cuts[1:]) if b > a])
     return groups
 
 

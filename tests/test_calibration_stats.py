@@ -56,6 +56,8 @@ def test_budget_spend_and_grouping_reserve():
     assert reserved_fraction(b, 2, "adjacent") == pytest.approx(0.85)
     rows = grouping_comparison(b)
     assert rows[0] == {"heads_per_group": 1, "budget_aware": 0.5, "adjacent": 0.5}
+    # H_p 3: budget-aware {1} {3,2,0} -> 3 * (0.1 + 0.9) / 4; adjacent {0,1,2} {3} -> 3 * (0.9 + 0.2) / 4
+    assert rows[2] == {"heads_per_group": 3, "budget_aware": 0.75, "adjacent": 0.825}
     assert rows[3] == {"heads_per_group": 4, "budget_aware": 0.9, "adjacent": 0.9}
 
 

@@ -109,7 +109,8 @@ def markdown(report: dict) -> str:
         f"rho {r['ratio']}: " + ", ".join(f"{s} {c['share_covered']}" for s, c in
                                           r.get("heldout", {}).get("coverage_by_source", {}).items())
         for r in report["ratios"]), "",
-        "Reserved share of full KV (every head keeps its group's max budget):", ""]
+        "Pool memory / full KV (each group keeps its max budget beta in slots H_p heads wide: "
+        "sum_g H_p beta / H):", ""]
     for r in report["ratios"]:
         cells = ", ".join(f"H_p={g['heads_per_group']}: budget-aware {g['budget_aware']} / adjacent "
                           f"{g['adjacent']}" for g in r["grouping"])

@@ -79,11 +79,13 @@ def budget_spend(stats: RatioStats) -> dict:
 
 
 def reserved_fraction(budgets: np.ndarray, heads_per_group: int, strategy: str) -> float:
-    """KV kept under a grouping (every head keeps its group's max budget) / full KV."""
-    groups = group_heads(budgets, heads_per_group, strategy)
-    beta = group_budgets(budgets, groups)
-    sizes = np.array([[len(g) for g in layer] for layer in groups])
-    return float((beta * sizes).sum() / budgets.size)
+    """Pool memory under a grouping / full KV.
+
+    Every group keeps beta (its max budget) of the tokens in slots H_p heads
+    wide (a short group's missing heads are padding): sum_g H_p * beta / H.
+    """
+    beta = group_budgets(budgets, group_heads(budgets, heads_per_group, strategy))
+    return float(heads_per_group * beta.sum() / budgets.size)
 
 
 def grouping_comparison(budgets: np.ndarray) -> list[dict]:
