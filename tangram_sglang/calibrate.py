@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model-path", required=True, help="Hugging Face model folder")
     ap.add_argument("--method", required=True, help="scorer: snapkv, expected_attention, keydiff, ...")
     ap.add_argument("--ratio", type=float, action="append", required=True, help="target ratio; repeatable")
+    ap.add_argument("--default-ratio", type=float, default=None, help="ratio served by default (default: first --ratio)")
     ap.add_argument("--samples", type=int, default=50, help="calibration samples")
     ap.add_argument("--heldout", type=int, default=30, help="held-out samples for the report (0: none)")
     ap.add_argument("--alpha", type=float, default=2.0, help="safety margin: b = min(1, mu + alpha sigma)")
@@ -51,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.method = canonical_name(args.method)
     if args.alpha < 0:
         raise ValueError(f"--alpha must be >= 0, got {args.alpha}")
+    if args.default_ratio is not None and args.default_ratio not in args.ratio:
+        raise ValueError(f"--default-ratio {args.default_ratio} is not one of the --ratio values {args.ratio}")
     if args.heldout < 0:
         raise ValueError(f"--heldout must be >= 0, got {args.heldout}")
     return args
@@ -94,7 +97,7 @@ def calibrate(args: argparse.Namespace) -> dict:
                            sources=sources, chunk_size=args.chunk_size, date=today(), tool_version=tool_version(),
                            note=note)
     profile = build_profile(shape, meta, entries, heads_per_group=args.heads_per_group, grouping=args.grouping,
-                            parallel_capacity=capacity)
+                            parallel_capacity=capacity, default_ratio=args.default_ratio)
     profile.save(args.output)
     report = regularity_report(cal, held, ratios, args.alpha, {
         "model": os.path.basename(os.path.normpath(args.model_path)), "method": args.method, "alpha": args.alpha,

@@ -75,3 +75,6 @@ def test_pilot_config_and_cli_errors(tmp_path, capsys):
     assert "unknown scorer 'h2o'" in capsys.readouterr().err
     assert calibrate_main(["--model-path", str(tmp_path), "--method", "snapkv", "--ratio", "0.5",
                            "--alpha", "-1", "-o", "x"]) == 2
+    assert calibrate_main(["--model-path", str(tmp_path), "--method", "snapkv", "--ratio", "0.5",
+                           "--default-ratio", "0.25", "-o", "x"]) == 2
+    assert "--default-ratio 0.25" in capsys.readouterr().err
