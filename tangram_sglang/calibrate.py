@@ -33,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model-path", required=True, help="Hugging Face model folder")
     ap.add_argument("--method", required=True, help="scorer: snapkv, expected_attention, keydiff, ...")
     ap.add_argument("--ratio", type=float, action="append", required=True, help="target ratio; repeatable")
-    ap.add_argument("--default-ratio", type=float, default=None, help="ratio served by default (default: first --ratio)")
+    ap.add_argument("--default-ratio", type=float, default=None,
+                    help="ratio served by default (default: the first --ratio)")
     ap.add_argument("--samples", type=int, default=50, help="calibration samples")
     ap.add_argument("--heldout", type=int, default=30, help="held-out samples for the report (0: none)")
     ap.add_argument("--alpha", type=float, default=2.0, help="safety margin: b = min(1, mu + alpha sigma)")

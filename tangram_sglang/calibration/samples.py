@@ -87,7 +87,8 @@ class _Builder:
         half = len(self.corpus.tokens) * 7 // 10  # calibration: first 70 %, held-out: the rest
         region = self.corpus.tokens[:half] if self.parity == 0 else self.corpus.tokens[half:]
         msgs = task_messages(kind, EssayCorpus(tokens=region), self.tok, self.rng, max(8, n - 60))
-        return PilotSample(source="needle", kind=kind, label=f"{kind}-{self.n_needle}", token_ids=render(self.tok, msgs, n))
+        return PilotSample(source="needle", kind=kind, label=f"{kind}-{self.n_needle}",
+                           token_ids=render(self.tok, msgs, n))
 
     def sharegpt(self) -> PilotSample:
         n = self.target()
