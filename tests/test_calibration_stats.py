@@ -86,3 +86,12 @@ def test_reference_regularity_two_fold_by_hand():
     out = two_fold(raw, ["a", "a", "b", "b"], alpha=2.0)
     assert out["rank_layer_means"] == 1.0 and out["rank_per_sample"] == 1.0
     assert out["coverage"] == 1.0 and out["across_sources"] == 1.0 and out["samples"] == 4
+
+
+def test_spearman_agrees_with_scipy_on_ties():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a, b = rng.integers(0, 4, 9), rng.integers(0, 5, 9)
+        if np.ptp(a) and np.ptp(b):
+            assert spearman(a, b) == pytest.approx(scipy_stats.spearmanr(a, b).statistic)

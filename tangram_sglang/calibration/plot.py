@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import matplotlib
 import numpy as np
+
+matplotlib.use("Agg")
 
 MARKERS = {"needle": "^", "sharegpt": "o", "mtbench": "s"}
 
@@ -20,9 +23,6 @@ def retention_figure(path: str, cal: np.ndarray, cal_src: list[str], held: np.nd
     calibration samples; per-source means of the held-out samples as markers;
     the budget of each head as a dashed line.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     layers = layers or pick_layers(budgets.shape[0])

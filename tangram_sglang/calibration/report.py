@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -127,13 +128,16 @@ def markdown(report: dict) -> str:
 
 def write_report(folder: str, report: dict, cal: list[SampleRetention], held: list[SampleRetention],
                  budgets_by_ratio: dict[float, np.ndarray]) -> None:
-    from .plot import retention_figure
-
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     with open(os.path.join(folder, "report.md"), "w") as f:
         f.write(markdown(report))
+    try:
+        from .plot import retention_figure
+    except ImportError:  # matplotlib is a dev extra
+        print("calibrate: matplotlib not installed, retention.png skipped", file=sys.stderr)
+        return
     ratio = min(budgets_by_ratio, key=lambda r: abs(r - 0.5))
     idx = list(budgets_by_ratio).index(ratio)
     retention_figure(os.path.join(folder, "retention.png"), stack(cal)[:, idx], [r.source for r in cal],

@@ -8,11 +8,9 @@ equal on one side (no ranking) is left out and counted.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import spearmanr
 
 from ..budgets import budgets_from_stats
 from ..grouping import group_budgets, group_heads
@@ -35,14 +33,23 @@ def ratio_stats(retention: np.ndarray, ratio: float, alpha: float) -> RatioStats
     return RatioStats(ratio=ratio, mean=mean, std=std, budgets=budgets_from_stats(mean, std, alpha))
 
 
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 0..n-1 of a 1-D array, ties sharing their mean rank."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(x.size, dtype=np.float64)
+    ranks[order] = np.arange(x.size)
+    _, inverse = np.unique(x, return_inverse=True)
+    return (np.bincount(inverse, ranks) / np.bincount(inverse))[inverse]
+
+
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rho of two 1-D arrays; nan when either is constant."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    """Spearman rho (Pearson of average ranks) of two 1-D arrays; nan when either is constant."""
+    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
     if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return float("nan")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return float(spearmanr(a, b).statistic)
+    ra, rb = average_ranks(a), average_ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float((ra * rb).sum() / np.sqrt((ra * ra).sum() * (rb * rb).sum()))
 
 
 def layer_spearman(x: np.ndarray, y: np.ndarray) -> dict:
