@@ -39,7 +39,7 @@ from tangram_sglang.attention.split_row import make_split_row, uniform_split_row
 from tangram_sglang.attention.testing import make_ragged_cache  # noqa: E402
 from tangram_sglang.budgets import keep_count  # noqa: E402
 from tangram_sglang.grouping import group_budgets  # noqa: E402
-from tangram_sglang.split_map import compute_split_map  # noqa: E402
+from tangram_sglang.split_map import profile_split_map  # noqa: E402
 
 PROFILE_DIR = os.path.join(ROOT, "benchmarks", "profiles")
 # (reference scorer, model, q heads, heads per group) exported by --export
@@ -81,7 +81,7 @@ class Workload:
         self.spec, self.batch, self.ctx = spec, batch, ctx
         budgets = np.asarray(spec["budgets"])
         self.beta = group_budgets(budgets, spec["groups"])
-        self.split_map = compute_split_map(budgets, spec["groups"], capacity)
+        self.split_map = profile_split_map(budgets, spec["groups"], capacity)
         hp, d = spec["heads_per_group"], spec["head_dim"]
         self.metas = [build_layer_meta(g, num_q_heads=spec["num_q_heads"], num_kv_heads=spec["num_kv_heads"],
                                        heads_per_group=hp, device=dev) for g in spec["groups"]]

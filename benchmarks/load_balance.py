@@ -42,7 +42,8 @@ from tangram_sglang.attention.baselines import fa2_num_splits, planned_chunk  # 
 from tangram_sglang.budgets import keep_count  # noqa: E402
 from tangram_sglang.profile import load_profile  # noqa: E402
 from tangram_sglang.reference_import import available, reference_profile  # noqa: E402
-from tangram_sglang.split_map import DEFAULT_PARALLEL_CAPACITY, compute_split_map  # noqa: E402
+from tangram_sglang.split_map import (  # noqa: E402
+    DEFAULT_PARALLEL_CAPACITY, compute_split_map, profile_split_map)
 
 
 def pieces_work(lens: np.ndarray, sizes: np.ndarray, splits: np.ndarray) -> np.ndarray:
@@ -74,21 +75,12 @@ def layer_lens(beta: np.ndarray, contexts: np.ndarray) -> np.ndarray:
     return keep_count(beta[None, :], contexts[:, None]).astype(np.int64)
 
 
-def stored_budgets(entry) -> np.ndarray:
-    """Budgets as stored: every head at its group's beta. float [L, H]."""
-    out = np.array(entry.budgets, dtype=np.float64)
-    for layer, groups in enumerate(entry.groups):
-        for g, heads in enumerate(groups):
-            out[layer, heads] = entry.group_budget[layer, g]
-    return out
-
-
 def evaluate(entry, contexts: np.ndarray, capacity: int) -> dict:
     """Per-strategy straggler factor, modeled latency and planning work for one step."""
     names = ("uniform", "planned", "aot", "aot_beta")
     stats = {k: {"ratio": [], "span": 0.0, "ideal": 0.0, "ctas": 0} for k in names}
     split_map = compute_split_map(entry.budgets, entry.groups, capacity)
-    split_beta = compute_split_map(stored_budgets(entry), entry.groups, capacity)
+    split_beta = profile_split_map(entry.budgets, entry.groups, capacity)
     evals, plan_s = 0, 0.0
     for layer, groups in enumerate(entry.groups):
         sizes = np.array([len(g) for g in groups])

@@ -14,7 +14,7 @@ import numpy as np
 from . import __version__
 from .grouping import group_heads
 from .profile import CalibrationMeta, ModelShape, RatioEntry, TangramProfile
-from .split_map import compute_split_map
+from .split_map import profile_split_map
 
 
 def make_entry(ratio: float, budgets: np.ndarray, mean: np.ndarray, std: np.ndarray, *,
@@ -26,7 +26,7 @@ def make_entry(ratio: float, budgets: np.ndarray, mean: np.ndarray, std: np.ndar
         ratio=float(ratio),
         budgets=budgets,
         groups=groups,
-        split_map=compute_split_map(budgets, groups, parallel_capacity),
+        split_map=profile_split_map(budgets, groups, parallel_capacity),
         mean=np.asarray(mean, dtype=np.float64),
         std=np.asarray(std, dtype=np.float64),
     )

@@ -42,3 +42,16 @@ def test_capacity_without_gpu_is_the_configured_default():
     else:
         props = torch.cuda.get_device_properties(0)
         assert device_parallel_capacity(2) == 2 * props.multi_processor_count
+
+
+def test_profile_split_map_weights_stored_work():
+    # Groups [[1, 3], [2, 0]] store beta = [0.2, 0.9] for both of their heads:
+    # stored budgets [0.9, 0.2, 0.9, 0.2], Phi = [0.4, 1.8], Omega = 2.2.
+    from tangram_sglang.split_map import profile_split_map, stored_budgets
+
+    b = np.array([[0.9, 0.1, 0.5, 0.2]])
+    groups = [[[1, 3], [2, 0]]]
+    assert stored_budgets(b, groups).tolist() == [[0.9, 0.2, 0.9, 0.2]]
+    assert profile_split_map(b, groups, 22).tolist() == [[4, 18]]  # tau = 0.1
+    # The paper's raw sums would give [3, 14] of 17 CTAs for the same shares of 1.7.
+    assert compute_split_map(b, groups, 17).tolist() == [[3, 14]]
