@@ -11,7 +11,7 @@ cut and once with fixed tiles (the CPU data plane's cut). Ratios run side by
 side in one process: 1.0 (uniform profile, every budget 1), the profile's
 calibrated entries, and uniform 0.5 / 0.25.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/cpu_decode.py --profile /tmp/smollm2-snapkv.yaml \
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/cpu_decode.py --profile configs/smollm2-snapkv.yaml \
         --out benchmarks/results/cpu_decode
 """
 

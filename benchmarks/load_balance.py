@@ -21,7 +21,7 @@ layers and worst layer), the modeled attention latency (CTAs scheduled in
 launch order on N_CTA slots, sum over layers of the makespan, divided by the
 perfectly balanced total / N_CTA), and the planning work per step.
 
-    .venv/bin/python benchmarks/load_balance.py --profile /tmp/smollm2-snapkv.yaml \
+    .venv/bin/python benchmarks/load_balance.py --profile configs/smollm2-snapkv.yaml \
         --out benchmarks/results/load_balance
 """
 
