@@ -1,4 +1,4 @@
-"""Shared test set-up: one torch thread per process (the two cores are shared)."""
+"""Shared test set-up: one torch thread per process (the two cores are shared), Triton interpreter on CPU."""
 
 import os
 
@@ -7,6 +7,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# Triton reads TRITON_INTERPRET when it is first imported (sglang imports it
+# early): without a GPU, Triton kernels can only run in the interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import importlib.util  # noqa: E402
 import pathlib  # noqa: E402
