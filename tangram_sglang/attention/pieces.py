@@ -67,11 +67,17 @@ def piece_slots(pieces: Pieces, block_table: torch.Tensor, page_size: int):
     block_table: int [B, G, max_pages]. Returns (loc int64 [NP, W], valid bool [NP, W]);
     padding columns repeat the piece's first slot (written data, never garbage).
     """
-    width = pieces.width
-    col = torch.arange(width, device=pieces.start.device)
+    col = torch.arange(pieces.width, device=pieces.start.device)
     valid = col < pieces.length[:, None]
-    pos = pieces.start[:, None] + torch.where(valid, col, 0)
-    max_pages = block_table.shape[-1]
-    table = block_table.reshape(-1).to(torch.int64)
-    page = table[pieces.item[:, None] * max_pages + torch.div(pos, page_size, rounding_mode="floor")]
-    return page * page_size + pos % page_size, valid
+    pos = torch.where(valid, col, 0).add_(pieces.start[:, None])
+    page_of, offset = _page_and_offset(pos, page_size)
+    page_of.add_((pieces.item * block_table.shape[-1])[:, None])
+    page = block_table.reshape(-1).index_select(0, page_of.view(-1)).view(pos.shape).to(torch.int64)
+    return page.mul_(page_size).add_(offset), valid
+
+
+def _page_and_offset(pos: torch.Tensor, page_size: int):
+    """(pos // page_size, pos % page_size); shifts when page_size is a power of two (int64 div is slow)."""
+    if page_size & (page_size - 1) == 0:
+        return pos >> (page_size.bit_length() - 1), pos & (page_size - 1)
+    return torch.div(pos, page_size, rounding_mode="floor"), pos % page_size
