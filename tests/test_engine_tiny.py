@@ -1,5 +1,7 @@
 """Real SGLang Engines on a tiny random Llama: stock greedy == HF, and the profile reaches the scheduler."""
 
+import atexit
+
 import pytest
 
 import sglang
@@ -19,6 +21,7 @@ def run_engine(model_path, prompts, **kwargs):
         info = engine.get_server_info()["internal_states"][0].get("tangram")
     finally:
         engine.shutdown()
+        atexit.unregister(engine.shutdown)  # already down: no second shutdown logging at exit
     return outs, info
 
 
