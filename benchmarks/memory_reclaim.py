@@ -32,7 +32,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tangram_sglang import reference_import  # noqa: E402
-from tangram_sglang.budgets import keep_count  # noqa: E402
 from tangram_sglang.grouping import group_budgets, group_heads  # noqa: E402
 from tangram_sglang.pool import PoolSpec, RaggedKVCache, chunk_slot_counts, plan_reservation  # noqa: E402
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import yaml
 
-from .grouping import STRATEGIES, Groups, group_budgets
+from .grouping import Groups, group_budgets
 
 FORMAT = "tangram-profile"
 VERSION = 1

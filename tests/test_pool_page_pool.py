@@ -1,6 +1,5 @@
 """PagePool: free list, refcounts, reservation, and detection of misuse."""
 
-import numpy as np
 import pytest
 
 from tangram_sglang.pool import PagePool, PoolError, PoolSpec

@@ -1,10 +1,7 @@
 """One test per rule of the profile format: each error names the field and the problem."""
 
-import copy
 
-import numpy as np
 import pytest
-import yaml
 
 from tangram_sglang.profile import ModelShape, ProfileError, load_profile
 from tangram_sglang.profile_validation import parse_profile
