@@ -72,7 +72,7 @@ class ModelShape:
             lambda k, d=None: getattr(config, k, d))
         text = get("text_config")
         if text is not None and get("num_hidden_layers") is None:
-            return cls.from_hf_config(text if isinstance(text, dict) else text)
+            return cls.from_hf_config(text)  # multimodal configs nest the text model
         heads = get("num_attention_heads")
         head_dim = get("head_dim") or get("hidden_size") // heads
         archs = get("architectures") or ["unknown"]
