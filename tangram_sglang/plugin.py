@@ -16,10 +16,22 @@ logger = logging.getLogger("tangram_sglang")
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 INTERNAL_STATE = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
+SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+METRICS = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
+
+
+def _scheduler_pre_init(scheduler, server_args, *args, **kwargs):
+    """BEFORE Scheduler.__init__: load the profile before SGLang builds its memory pools."""
+    from .server_args_ext import profile_request
+    from .serving.runtime import TangramServing, set_current
+
+    path, ratio = profile_request(server_args)
+    set_current(TangramServing.load(path, ratio) if path is not None else None)
 
 
 def _scheduler_init(result, scheduler, server_args, *args, **kwargs) -> None:
-    """AFTER Scheduler.__init__: load the profile in the (spawned) scheduler process."""
+    """AFTER Scheduler.__init__: check the profile against the model SGLang loaded; report it."""
     from .runtime_state import TangramRuntime
     from .server_args_ext import profile_request
 
@@ -31,6 +43,69 @@ def _scheduler_init(result, scheduler, server_args, *args, **kwargs) -> None:
     scheduler.tangram = runtime
     scheduler.tp_worker.model_runner.tangram = runtime
     runtime.log_summary()
+
+
+def _log_prefill_pool(result, reporter, *args, **kwargs):
+    """AFTER the prefill batch log line: the ragged pool's pages and the memory saved."""
+    from .serving.runtime import current
+
+    serving = current()
+    if serving is not None and serving.cache is not None:
+        logger.info(serving.log_line())
+    return result
+
+
+def _log_decode_pool(result, reporter, *args, **kwargs):
+    """AFTER report_decode_stats: the same line, at SGLang's decode log interval."""
+    from .serving.runtime import current
+
+    serving = current()
+    if serving is not None and serving.cache is not None:
+        serving.decode_steps += 1
+        if serving.decode_steps % max(1, getattr(reporter, "decode_log_interval", 40)) == 0:
+            logger.info(serving.log_line())
+    return result
+
+
+def _register_backends() -> None:
+    """The attention backend and radix tree names, in every process (ServerArgs validates them)."""
+    from sglang.srt.arg_groups.choices import add_attention_backend_choices
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
+    from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
+
+    if "tangram" not in ATTENTION_BACKENDS:
+        add_attention_backend_choices(["tangram"])
+        register_attention_backend("tangram")(_create_backend)
+    if get_radix_cache_factory("tangram") is None:
+        register_radix_cache_backend("tangram", _create_tree)
+
+
+def _create_backend(runner):
+    from .serving.backend import TangramAttnBackend
+
+    return TangramAttnBackend(runner)
+
+
+def _create_tree(ctx):
+    from .serving.radix import TangramRadixCache
+    from .serving.runtime import current
+
+    return TangramRadixCache(ctx.params, current())
+
+
+def _register_serving_hooks(HookRegistry, HookType) -> None:
+    from .serving import memory, scheduling
+
+    HookRegistry.register(f"{SCHEDULER}.__init__", _scheduler_pre_init, HookType.BEFORE)
+    HookRegistry.register(f"{CONFIGURATOR}._derive_pool_sizes", memory.derive_pool_sizes, HookType.AROUND)
+    HookRegistry.register(f"{CONFIGURATOR}._build_token_to_kv_pool", memory.build_token_to_kv_pool, HookType.AROUND)
+    HookRegistry.register(f"{CONFIGURATOR}._build_token_to_kv_pool_allocator", memory.build_allocator,
+                          HookType.AROUND)
+    HookRegistry.register(f"{SCHEDULER}.get_prefill_adder_class", scheduling.prefill_adder_class, HookType.AROUND)
+    HookRegistry.register(f"{SCHEDULER}._add_request_to_queue", scheduling.refuse_never_fitting, HookType.BEFORE)
+    HookRegistry.register(f"{SCHEDULE_BATCH}.prepare_for_extend", scheduling.bind_rows, HookType.AFTER)
+    HookRegistry.register(f"{METRICS}.report_prefill_stats", _log_prefill_pool, HookType.AFTER)
+    HookRegistry.register(f"{METRICS}.report_decode_stats", _log_decode_pool, HookType.AFTER)
 
 
 def _internal_state(result, controller, *args, **kwargs):
@@ -67,7 +142,9 @@ def register() -> None:
     HookRegistry.register(f"{SERVER_ARGS}.from_cli_args", server_args_ext.from_cli_args, HookType.AROUND)
     # Only where a scheduler runs (its module is imported by the spawn target):
     # resolving the hook targets elsewhere would import the scheduler for nothing.
+    _register_backends()
     if "sglang.srt.managers.scheduler" in sys.modules:
+        _register_serving_hooks(HookRegistry, HookType)
         HookRegistry.register(f"{SCHEDULER}.__init__", _scheduler_init, HookType.AFTER)
         HookRegistry.register(f"{INTERNAL_STATE}.get_internal_state", _internal_state, HookType.AFTER)
     _patch_engine()

@@ -14,9 +14,7 @@ from .profile import ModelShape, RatioEntry, TangramProfile, load_profile
 
 logger = logging.getLogger("tangram_sglang")
 
-# Until the ragged pool and attention backend are wired into SGLang, a profile
-# is validated and reported, and serving uses SGLang's stock KV pool.
-POOL_MODE = "stock"
+POOL_MODE = "ragged"
 
 
 @dataclass(frozen=True)
@@ -46,6 +44,7 @@ class TangramRuntime:
             "mean_budget": float(e.budgets.mean()),
             "mean_group_budget": float(e.group_budget.mean()),
             "pool": POOL_MODE,
+            "pool_info": _pool_info(),
         }
 
     def log_summary(self) -> None:
@@ -55,6 +54,10 @@ class TangramRuntime:
             i["profile"], i["model"], i["method"], i["ratio"], i["heads_per_group"], i["virtual_layers"],
             i["mean_budget"],
         )
-        if POOL_MODE == "stock":
-            logger.warning("Tangram: the ragged pool is not wired in yet; serving with SGLang's stock KV pool "
-                           "(full KV, no compression).")
+
+
+def _pool_info() -> dict | None:
+    from .serving.runtime import current
+
+    serving = current()
+    return serving.pool_info() if serving is not None and serving.cache is not None else None

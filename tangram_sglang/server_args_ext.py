@@ -33,6 +33,28 @@ def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> No
                        help="Which target ratio of the profile to serve (default: the profile's default_ratio).")
 
 
+def serving_overrides(profile_path: str | None) -> dict:
+    """ServerArgs fields a served profile needs: the Tangram backend and tree, logical page 1,
+    chunked prefill in the profile's compression chunks, no overlap scheduling or CUDA graphs
+    (the backend's per-batch metadata is built on the host)."""
+    if profile_path is None:
+        return {}
+    from .serving.runtime import chunk_size_of
+
+    profile = load_profile(os.path.abspath(os.path.expanduser(profile_path)))
+    return {"attention_backend": "tangram", "radix_cache_backend": "tangram", "page_size": 1,
+            "chunked_prefill_size": chunk_size_of(profile), "disable_overlap_schedule": True,
+            "disable_cuda_graph": True, "enable_mixed_chunk": False}
+
+
+def _apply_overrides(target: dict, overrides: dict) -> None:
+    for name, value in overrides.items():
+        old = target.get(name)
+        if old not in (None, False, value) and name in ("attention_backend", "radix_cache_backend"):
+            logger.warning("Tangram: --%s %s replaced by %s (a profile is served)", name.replace("_", "-"), old, value)
+        target[name] = value
+
+
 def attach_profile(server_args, profile_path: str | None, ratio: float | None) -> None:
     """Validate the profile (and the model when its folder is local) and record it on server_args.
 
@@ -55,8 +77,9 @@ def attach_profile(server_args, profile_path: str | None, ratio: float | None) -
 
 def from_cli_args(original, cls, args: argparse.Namespace):
     """AROUND hook on ServerArgs.from_cli_args: a bad profile ends the launch with its error."""
-    server_args = original(cls, args)
     try:
+        _apply_overrides(vars(args), serving_overrides(getattr(args, "tangram_profile", None)))
+        server_args = original(cls, args)
         attach_profile(server_args, getattr(args, "tangram_profile", None), getattr(args, "tangram_ratio", None))
     except ProfileError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -70,6 +93,7 @@ def engine_server_args_factory(server_args_cls):
     def build(**kwargs):
         profile = kwargs.pop("tangram_profile", None)
         ratio = kwargs.pop("tangram_ratio", None)
+        _apply_overrides(kwargs, serving_overrides(profile))
         server_args = server_args_cls(**kwargs)
         attach_profile(server_args, profile, ratio)
         return server_args

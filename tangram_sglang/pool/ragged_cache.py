@@ -83,6 +83,8 @@ class _Request:
         self.reserved_left = plan.pages.copy()
         self.taken = np.zeros_like(plan.pages)
         self.chunk_ends: list[np.ndarray] = []
+        self.published_chunks = 0                     # chunks already handed to the tree
+        self.published_end = plan.prefix_slots.copy()  # slot end of the published chain, [V]
 
     @property
     def prefill_done(self) -> bool:
@@ -195,26 +197,42 @@ class RaggedKVCache:
         return out.reshape(len(reqs), self.spec.num_layers, self.spec.num_groups)
 
     # -- release ---------------------------------------------------------------------------------
-    def finish(self, rid) -> list[Segment]:
-        """Cache the request's completed chunks (and generated tokens) as segments, then release it."""
+    def publish(self, rid, *, include_tail: bool = False) -> list[Segment]:
+        """Register the request's chunks completed since the last publish as tree segments
+        (and, with include_tail once prefill is done, the generated tokens since then as one
+        uncompressed segment). The request keeps running and keeps its own references."""
         req = self._req(rid)
-        segs, start = [], req.plan.prefix_slots
-        ends = list(zip(req.chunk_ends, req.plan.chunk_tokens))
-        decoded = req.pages.lens - (req.chunk_ends[-1] if req.chunk_ends else start)
-        if req.prefill_done and decoded.max(initial=0) > 0:
-            ends.append((req.pages.lens, int(decoded.max())))
-        for i, (end, ntok) in enumerate(ends):
+        spans = [(req.chunk_ends[i], req.plan.chunk_tokens[i], True)
+                 for i in range(req.published_chunks, len(req.chunk_ends))]
+        if include_tail and req.prefill_done:
+            tail_start = spans[-1][0] if spans else req.published_end
+            decoded = req.pages.lens - tail_start  # one slot per generated token in every v
+            if decoded.max(initial=0) > 0:
+                spans.append((req.pages.lens.copy(), int(decoded.max()), False))
+        segs, start = [], req.published_end
+        for end, ntok, compressed in spans:
             first, stop = page_columns(start, end, self.spec.page_size)
             counts, ids = req.pages.pages_from(first, stop)
-            segs.append(self.store.add(num_tokens=ntok, compressed=i < len(req.chunk_ends), start=start,
+            segs.append(self.store.add(num_tokens=ntok, compressed=compressed, start=start,
                                        end=end, page_counts=counts, page_ids=ids))
             start = end
-        self._release(rid, data_end=start)
+        req.published_chunks = len(req.chunk_ends)
+        req.published_end = np.asarray(start, dtype=np.int64).copy()
         return segs
 
+    def finish(self, rid) -> list[Segment]:
+        """Cache the request's completed chunks (and generated tokens) as segments, then release it."""
+        segs = self.publish(rid, include_tail=True)
+        self.release(rid)
+        return segs
+
+    def release(self, rid) -> None:
+        """Drop the request's references and leftover reservation; published segments stay."""
+        self._release(rid, data_end=self._req(rid).published_end)
+
     def abort(self, rid) -> None:
-        """Release without caching (abort, or retraction: the request is admitted again later)."""
-        self._release(rid, data_end=self._req(rid).plan.prefix_slots)
+        """Release without caching more (abort, or retraction: the request is admitted again later)."""
+        self.release(rid)
 
     retract = abort
 

@@ -1,0 +1,86 @@
+"""The Tangram attention backend (``--attention-backend tangram``, set by --tangram-profile).
+
+Per forward batch, ``init_forward_metadata`` asks the serving state for the
+batch's page tables once (extend: draws each request's next chunk pages;
+decode: appends one slot per virtual layer). Per layer:
+
+* extend: chunk queries attend to each group's cached slots plus the chunk's
+  own K/V (causal), merged by log-sum-exp; then the scorer rates the chunk,
+  each head keeps its group's keep count, and only those K/V are written.
+* decode: the new token's K/V go to every group; attention runs per group over
+  its own length, cut by the profile's split map (tiles on CPU).
+
+The torch data plane from tangram_sglang.attention runs on every device; on
+CUDA the Triton decode kernel replaces the decode reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+from ..attention import compress_and_write, ragged_decode_torch, ragged_prefill_chunk_torch, write_decode_kv
+from .runtime import current
+
+CPU_TILE = 256
+
+
+class TangramAttnBackend(AttentionBackend):
+    def __init__(self, model_runner):
+        super().__init__()
+        self.serving = current()
+        if self.serving is None or self.serving.cache is None:
+            raise RuntimeError("the tangram attention backend needs --tangram-profile")
+        self.device = model_runner.device
+        self.plan = None
+        self.tile = CPU_TILE if str(self.device).startswith("cpu") else None
+
+    def init_forward_metadata(self, forward_batch):
+        mode = forward_batch.forward_mode
+        rows = forward_batch.req_pool_indices.tolist()
+        rids = self.serving.rids_of_rows(rows)
+        if mode.is_decode():
+            self.plan = self.serving.decode_metadata(rids)
+        elif mode.is_extend():
+            ext = forward_batch.extend_seq_lens_cpu
+            ext = ext.tolist() if hasattr(ext, "tolist") else list(ext)
+            self.plan = self.serving.extend_metadata(rids, ext)
+            self.cu_seqlens = torch.zeros(len(ext) + 1, dtype=torch.int64, device=self.device)
+            self.cu_seqlens[1:] = torch.cumsum(torch.tensor(ext, dtype=torch.int64), 0).to(self.device)
+        else:
+            raise NotImplementedError(f"tangram backend: forward mode {mode} is not supported")
+
+    def _pages(self):
+        data = self.serving.data
+        return data.k_pages, data.v_pages
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        lid, plan = layer.layer_id, self.plan
+        meta = self.serving.metas[lid]
+        k_pages, v_pages = self._pages()
+        q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        k3 = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
+        v3 = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
+        o = ragged_prefill_chunk_torch(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
+                                       plan.seq_lens[lid], meta, layer.scaling)
+        if save_kv_cache:
+            compress_and_write(q3, k3, v3, self.cu_seqlens, self.serving.scorer, plan.states[lid], meta,
+                               plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages)
+        return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        lid, plan = layer.layer_id, self.plan
+        meta = self.serving.metas[lid]
+        k_pages, v_pages = self._pages()
+        q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        if save_kv_cache:
+            write_decode_kv(k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
+                            v.view(-1, layer.tp_v_head_num, layer.v_head_dim), plan.out_loc[lid], meta,
+                            k_pages, v_pages)
+        o = ragged_decode_torch(q3, k_pages, v_pages, plan.block_table[lid], plan.seq_lens[lid], meta,
+                                self.serving.split_rows[lid], layer.scaling, tile=self.tile)
+        return o.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+    def support_triton(self):
+        return False

@@ -1,0 +1,80 @@
+"""Memory pools when a profile is served: the ragged page pool replaces SGLang's token pool.
+
+SGLang sizes its KV cache (from free memory or --max-total-tokens) as
+``max_total_num_tokens`` full-KV token slots. Three AROUND hooks on
+KVCacheConfigurator turn that into Tangram's pool:
+
+* ``_derive_pool_sizes``: the same bytes become ragged pages
+  (TangramServing.build_pool); SGLang's token count becomes a *logical* id
+  space large enough for every token the pages can hold, so pages, not ids,
+  are what limits admission.
+* ``_build_token_to_kv_pool``: SGLang's per-token K/V buffers shrink to one
+  page (nothing reads them: the Tangram attention backend reads the pages).
+* ``_build_token_to_kv_pool_allocator``: TangramAllocator hands out logical
+  ids and answers SGLang's decode-capacity question with pages.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+from .runtime import current
+
+logger = logging.getLogger("tangram_sglang")
+
+PAGE_SIZE = 16
+_STUB_TOKENS = 16
+
+
+def _active(configurator):
+    return None if configurator.is_draft_worker else current()
+
+
+class TangramAllocator(TokenToKVPoolAllocator):
+    """Logical token ids for SGLang's bookkeeping; real capacity is the ragged pool's pages."""
+
+    def __init__(self, size: int, *, dtype, device, kvcache, serving):
+        super().__init__(size, dtype=dtype, device=device, kvcache=kvcache, need_sort=False)
+        self.serving = serving
+
+    def check_decode_capacity(self, *, num_tokens: int, tree_cache, requests=None, spec_algorithm=None) -> bool:
+        if not super().check_decode_capacity(num_tokens=num_tokens, tree_cache=tree_cache, requests=requests,
+                                             spec_algorithm=spec_algorithm):
+            return False
+        rids = [r.rid for r in (requests or ())]
+        return self.serving.ensure_decode_room(rids)
+
+
+def derive_pool_sizes(original, configurator, *args, **kwargs):
+    sizes = original(configurator, *args, **kwargs)
+    serving = _active(configurator)
+    if serving is None:
+        return sizes
+    mc = configurator.model_config
+    logical = serving.build_pool(mc.hf_config, stock_tokens=sizes.max_total_num_tokens,
+                                 dtype=configurator.kv_cache_dtype, device=configurator.device,
+                                 page_size=PAGE_SIZE, num_q_heads=mc.num_attention_heads)
+    spec = serving.spec
+    logger.info("Tangram pool: %d pages of %d slots (%d B each, %.1f MiB) = the bytes of %d full-KV tokens; "
+                "%d virtual layers; logical token ids: %d", spec.num_pages, spec.page_size, spec.page_size_bytes,
+                spec.pool_bytes / 2**20, sizes.max_total_num_tokens, spec.num_virtual, logical)
+    return msgspec.structs.replace(sizes, max_total_num_tokens=logical)
+
+
+def build_token_to_kv_pool(original, configurator, *args, sizes, **kwargs):
+    if _active(configurator) is None:
+        return original(configurator, *args, sizes=sizes, **kwargs)
+    stub = msgspec.structs.replace(sizes, max_total_num_tokens=_STUB_TOKENS)
+    return original(configurator, *args, sizes=stub, **kwargs)
+
+
+def build_allocator(original, configurator, *args, sizes, token_to_kv_pool, **kwargs):
+    serving = _active(configurator)
+    if serving is None:
+        return original(configurator, *args, sizes=sizes, token_to_kv_pool=token_to_kv_pool, **kwargs)
+    return TangramAllocator(sizes.max_total_num_tokens, dtype=configurator.kv_cache_dtype,
+                            device=configurator.device, kvcache=token_to_kv_pool, serving=serving)

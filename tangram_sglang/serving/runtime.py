@@ -1,0 +1,331 @@
+"""TangramServing: everything one scheduler process holds to serve with a profile.
+
+One object per scheduler process (the model runner lives in the same process),
+created before SGLang builds its memory pools and reached through ``current()``
+by the allocator, the radix tree, the prefill adder and the attention backend.
+
+It owns the ragged pool's control plane (RaggedKVCache), its page data
+(KVPageData), the per-layer attention metadata (groups, split map), the
+method's scorer, and the per-request state SGLang does not know about: scorer
+state per layer, the planned chunk schedule, the SGLang row (req_pool_idx).
+
+Requests are keyed by SGLang's ``Req.rid``. Life of one request:
+  admit (PrefillAdder) -> bind_rows (prepare_for_extend) -> extend / decode
+  metadata (attention backend) -> publish (radix checkpoint) -> release.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..attention import build_layer_metas, make_split_rows
+from ..pool import RaggedKVCache
+from ..pool.page_data import KVPageData
+from ..pool.spec import PoolSpec, RequestTooLargeError
+from ..profile import ModelShape, TangramProfile, load_profile
+from ..scorers import ScorerState, get_scorer
+
+logger = logging.getLogger("tangram_sglang")
+
+DEFAULT_CHUNK = 512
+_CURRENT: "TangramServing | None" = None
+
+
+def current() -> "TangramServing | None":
+    """The serving state of this process, or None when no profile is served."""
+    return _CURRENT
+
+
+def set_current(serving: "TangramServing | None") -> None:
+    global _CURRENT
+    _CURRENT = serving
+
+
+def chunk_size_of(profile: TangramProfile) -> int:
+    """The compression chunk: the calibration's chunk size (the budgets were measured on it)."""
+    return int(profile.calibration.chunk_size) or DEFAULT_CHUNK
+
+
+def chunk_schedule(first: int, total: int, chunk: int) -> list[int]:
+    """[first, chunk, chunk, ..., rest]: SGLang gives the first extend, later ones are full chunks."""
+    sizes, left = [first], total - first
+    while left > 0:
+        sizes.append(min(chunk, left))
+        left -= sizes[-1]
+    return sizes
+
+
+@dataclass
+class RequestState:
+    rid: str
+    scorer_states: list[ScorerState]
+    row: int | None = None                  # SGLang req_pool_idx
+    copy_src: np.ndarray | None = None      # prefix pages to copy before the first write
+    copy_dst: np.ndarray | None = None
+    prefix_tokens: int = 0                  # tokens of the matched prefix
+    node: object = None                     # tree node where its published chain ends
+    published_tokens: int = 0               # tokens covered by the tree chain (incl. prefix)
+    chunk_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class PoolCounters:
+    """Monotone counters for /server_info (read by the benchmarks)."""
+
+    admitted: int = 0
+    waited: int = 0
+    too_large: int = 0
+    retracted_pages: int = 0
+    evicted_segments: int = 0
+    peak_running: int = 0
+    peak_pages_used: int = 0
+
+
+class TangramServing:
+    def __init__(self, path: str, profile: TangramProfile, ratio: float | None):
+        self.path = path
+        self.profile = profile
+        self.entry = profile.select(ratio)
+        self.chunk = chunk_size_of(profile)
+        self.scorer = get_scorer(profile.calibration.method)
+        self.requests: dict[str, RequestState] = {}
+        self.row_to_rid: dict[int, str] = {}
+        self.counters = PoolCounters()
+        self.cache: RaggedKVCache | None = None
+        self.data: KVPageData | None = None
+        self.tree = None  # TangramRadixCache, set when SGLang builds it
+        self.stock_tokens = 0
+        self.full_kv_token_bytes = 0
+        self.decode_steps = 0
+
+    @classmethod
+    def load(cls, path: str, ratio: float | None) -> "TangramServing":
+        return cls(path, load_profile(path), ratio)
+
+    # -- pool construction ----------------------------------------------------------------------
+    def build_pool(self, hf_config, *, stock_tokens: int, dtype: torch.dtype, device, page_size: int,
+                   num_q_heads: int) -> int:
+        """Size the ragged pool from the bytes stock SGLang would give its KV cache.
+
+        Returns the logical token capacity SGLang's allocator should get: enough ids for
+        every token the pages could ever hold, so pages (not ids) are what binds.
+        """
+        shape = ModelShape.from_hf_config(hf_config)
+        self.profile.check_model(shape)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        dtype_name = str(dtype).replace("torch.", "")
+        self.full_kv_token_bytes = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * itemsize
+        self.stock_tokens = int(stock_tokens)
+        spec = PoolSpec.for_bytes(self.stock_tokens * self.full_kv_token_bytes,
+                                  num_layers=shape.num_layers, num_groups=self.entry.num_groups,
+                                  heads_per_group=self.profile.heads_per_group, head_dim=shape.head_dim,
+                                  page_size=page_size, dtype=dtype_name)
+        self.cache = RaggedKVCache(spec, self.entry.group_budget)
+        self.data = KVPageData(spec, device=device)
+        self.metas = build_layer_metas(self.entry, num_q_heads=num_q_heads, num_kv_heads=shape.num_kv_heads,
+                                       heads_per_group=self.profile.heads_per_group, device=device)
+        self.split_rows = make_split_rows(self.entry.split_map, device=device)
+        slots_per_token = float(self.entry.group_budget.sum())
+        logical = int(spec.num_pages * page_size / max(slots_per_token, 1e-6)) * 2
+        return max(logical, 4 * self.stock_tokens)
+
+    @property
+    def spec(self) -> PoolSpec:
+        return self.cache.spec
+
+    # -- admission ------------------------------------------------------------------------------
+    def never_fits(self, prompt_tokens: int) -> str | None:
+        """Why a prompt can never be served by this pool (None if it can): no prefix, one decode token."""
+        from ..pool.reservation import plan_reservation
+
+        V = self.spec.num_virtual
+        sched = chunk_schedule(min(prompt_tokens, self.chunk), prompt_tokens, self.chunk)
+        plan = plan_reservation(self.cache.beta, sched, page_size=self.spec.page_size, decode_tokens=1,
+                                prefix_slots=np.zeros(V, np.int64), extend_in_place=np.zeros(V, bool))
+        if plan.total_pages > self.spec.num_pages:
+            return (f"Tangram: the prompt of {prompt_tokens} tokens needs {plan.total_pages} pages of the "
+                    f"ragged KV pool after compression, but the whole pool has {self.spec.num_pages}; "
+                    "it can never be served (shorten it or serve with a larger pool)")
+        return None
+
+    def admit(self, rid: str, *, prefix_chain, prefix_tokens: int, node, first: int, total: int,
+              decode_tokens: int) -> bool:
+        """Reserve exactly the pages of this request (evicting unlocked tree leaves if needed).
+
+        Returns False when the pages are not there even after eviction (the request waits).
+        Raises RequestTooLargeError when it can never fit.
+        """
+        sched = chunk_schedule(first, total, self.chunk)
+        while True:
+            adm = self.cache.admit(rid, chunk_tokens=sched, decode_tokens=decode_tokens, prefix=prefix_chain)
+            if adm is not None:
+                break
+            if self.tree is None or not self.tree.evict_pages(1):
+                self.counters.waited += 1
+                return False
+        state = RequestState(rid=rid, scorer_states=[ScorerState(tokens_seen=prefix_tokens)
+                                                     for _ in range(self.spec.num_layers)],
+                             prefix_tokens=prefix_tokens, node=node, published_tokens=prefix_tokens,
+                             chunk_tokens=sched)
+        if adm.copy_src.size:
+            state.copy_src, state.copy_dst = adm.copy_src, adm.copy_dst
+        self.requests[rid] = state
+        self.counters.admitted += 1
+        self.counters.peak_running = max(self.counters.peak_running, len(self.requests))
+        return True
+
+    def replan(self, rid: str, *, prefix_chain, first: int, total: int, decode_tokens: int) -> None:
+        """SGLang chose another first extend than predicted: re-reserve for the real schedule."""
+        state = self.requests.pop(rid)
+        self.cache.abort(rid)
+        if not self.admit(rid, prefix_chain=prefix_chain, prefix_tokens=state.prefix_tokens, node=state.node,
+                          first=first, total=total, decode_tokens=decode_tokens):
+            raise RuntimeError(f"Tangram: request {rid} lost its reservation when its first chunk changed")
+
+    def check_next_chunk(self, rid: str, num_tokens: int) -> None:
+        """SGLang's next extend of a chunked request must be the planned compression chunk."""
+        req = self.cache.requests[rid]
+        k = len(req.chunk_ends)
+        planned = req.plan.chunk_tokens[k] if k < len(req.plan.chunk_tokens) else None
+        if planned != num_tokens:
+            raise RuntimeError(f"Tangram: request {rid} got an extend of {num_tokens} tokens, its planned "
+                               f"compression chunk is {planned}")
+
+    def bind_row(self, rid: str, row: int) -> None:
+        state = self.requests.get(rid)
+        if state is not None:
+            state.row = int(row)
+            self.row_to_rid[int(row)] = rid
+
+    def release(self, rid: str) -> None:
+        """The request left (finished, aborted or retracted): drop its references."""
+        state = self.requests.pop(rid, None)
+        if state is None:
+            return
+        self.cache.release(rid)
+        if state.row is not None and self.row_to_rid.get(state.row) == rid:
+            del self.row_to_rid[state.row]
+
+    def rids_of_rows(self, rows) -> list[str]:
+        return [self.row_to_rid[int(r)] for r in rows]
+
+    # -- decode capacity ------------------------------------------------------------------------
+    def decode_shortfall(self, rids) -> int:
+        """Pages the next decode step needs beyond reservations and free pages (0 = it fits)."""
+        need = 0
+        P = self.spec.page_size
+        for rid in rids:
+            req = self.cache.requests.get(rid)
+            if req is None:
+                continue
+            fresh = (req.pages.lens % P == 0).astype(np.int64)
+            need += int(np.maximum(fresh - req.reserved_left, 0).sum())
+        return max(0, need - self.cache.pool.available)
+
+    def ensure_decode_room(self, rids) -> bool:
+        """Evict tree leaves until the next decode step of rids fits; False if it cannot."""
+        while (short := self.decode_shortfall(rids)) > 0:
+            if self.tree is None or not self.tree.evict_pages(short):
+                return False
+        return True
+
+    # -- observability --------------------------------------------------------------------------
+    def pool_info(self) -> dict:
+        u = self.cache.usage()
+        spec = self.spec
+        used = u.total - u.free
+        tokens_held = self.tokens_held()
+        full_bytes = tokens_held * self.full_kv_token_bytes
+        held_bytes = used * spec.page_size_bytes
+        self.counters.peak_pages_used = max(self.counters.peak_pages_used, used)
+        return {
+            "pages_total": u.total, "pages_used": used, "pages_free": u.free, "pages_reserved": u.reserved,
+            "pages_held_by_tree": u.held_by_tree, "page_size": spec.page_size,
+            "page_bytes": spec.page_size_bytes, "pool_bytes": spec.pool_bytes,
+            "bytes_held": held_bytes, "tokens_held": tokens_held, "full_kv_bytes_for_tokens_held": full_bytes,
+            "saved_vs_full_kv": (1.0 - held_bytes / full_bytes) if full_bytes else 0.0,
+            "stock_kv_tokens_same_bytes": self.stock_tokens, "chunk_tokens": self.chunk,
+            "running_requests": len(self.requests), **self.counters.__dict__,
+        }
+
+    def tokens_held(self) -> int:
+        """Tokens whose KV the pool holds: requests' own tokens plus the tree's (prefixes counted once)."""
+        tree_tokens = self.tree.total_tokens() if self.tree is not None else 0
+        own = sum(max(0, self._request_tokens(s)) for s in self.requests.values())
+        return tree_tokens + own
+
+    def _request_tokens(self, state: RequestState) -> int:
+        req = self.cache.requests.get(state.rid)
+        if req is None:
+            return 0
+        done = sum(req.plan.chunk_tokens[: len(req.chunk_ends)])
+        decoded = int((req.pages.lens - (req.chunk_ends[-1] if req.chunk_ends else req.plan.prefix_slots)).max(initial=0)) \
+            if req.prefill_done else 0
+        return state.prefix_tokens + done + decoded - state.published_tokens
+
+    def log_line(self) -> str:
+        i = self.pool_info()
+        return (f"tangram pages: {i['pages_used']}/{i['pages_total']} used "
+                f"({i['pages_held_by_tree']} in tree), saved {100 * i['saved_vs_full_kv']:.1f}% of full KV")
+
+    def check_integrity(self) -> None:
+        self.cache.check_integrity()
+        if self.tree is not None:
+            self.tree.check_integrity()
+
+    # -- forward metadata (attention backend) ---------------------------------------------------
+    def extend_metadata(self, rids, ext_lens) -> "ForwardPlan":
+        """Draw the pages of each request's next chunk; tables are those BEFORE the chunk."""
+        for rid in rids:
+            st = self.requests[rid]
+            if st.copy_src is not None:
+                self.data.copy_pages(st.copy_src, st.copy_dst)
+                st.copy_src = st.copy_dst = None
+        table, lens = self.cache.build_layer_tables(rids)
+        writes = [self.cache.prefill_chunk(rid, int(n)) for rid, n in zip(rids, ext_lens)]
+        keep = np.stack([w.counts for w in writes])                     # [B, L, G]
+        locs = [w.slot_locs for w in writes]                            # [L, G, k_b] each
+        out = []
+        for layer in range(self.spec.num_layers):
+            parts = [loc[layer][np.arange(loc.shape[-1])[None, :] < kb[layer][:, None]]
+                     for loc, kb in zip(locs, keep)]
+            out.append(torch.from_numpy(np.concatenate(parts)).to(self.data.k_pages.device))
+        return ForwardPlan.make(table, lens, self.data.k_pages.device, keep=keep, out_loc=out,
+                                states=[[self.requests[r].scorer_states[l] for r in rids]
+                                        for l in range(self.spec.num_layers)])
+
+    def decode_metadata(self, rids) -> "ForwardPlan":
+        """One new slot per (request, layer, group); tables are those AFTER the append."""
+        locs = self.cache.decode(rids)
+        if locs is None:
+            raise RuntimeError("Tangram: decode step without pages (SGLang's capacity check should have retracted)")
+        table, lens = self.cache.build_layer_tables(rids)
+        dev = self.data.k_pages.device
+        out = [torch.from_numpy(np.ascontiguousarray(locs[:, layer, :]).reshape(-1)).to(dev)
+               for layer in range(self.spec.num_layers)]
+        self.counters.peak_pages_used = max(self.counters.peak_pages_used,
+                                            self.spec.num_pages - self.cache.pool.num_free)
+        return ForwardPlan.make(table, lens, dev, out_loc=out)
+
+
+@dataclass
+class ForwardPlan:
+    """Per-layer views of one forward batch: block_table[l] int32 [B, G, W], seq_lens[l] int32 [B, G],
+    out_loc[l] int64 flat slots to write, keep int64 [B, L, G] (extend only), states[l] scorer states."""
+
+    block_table: torch.Tensor   # [L, B, G, W]
+    seq_lens: torch.Tensor      # [L, B, G]
+    out_loc: list
+    keep: torch.Tensor | None = None
+    states: list | None = None
+
+    @classmethod
+    def make(cls, table: np.ndarray, lens: np.ndarray, device, *, out_loc, keep=None, states=None):
+        bt = torch.from_numpy(np.ascontiguousarray(table.transpose(1, 0, 2, 3))).to(device)
+        sl = torch.from_numpy(np.ascontiguousarray(lens.transpose(1, 0, 2))).to(device)
+        kp = None if keep is None else torch.from_numpy(keep).to(device)
+        return cls(block_table=bt, seq_lens=sl, out_loc=out_loc, keep=kp, states=states)

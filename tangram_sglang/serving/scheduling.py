@@ -1,0 +1,86 @@
+"""Admission by exact reservation, inside SGLang's PrefillAdder.
+
+SGLang decides which waiting requests join a prefill batch and how much of a
+long prompt goes into this pass (the chunked request always comes first with a
+full ``chunked_prefill_size``, later ones share what is left). Tangram's
+compression chunks follow those extends: a request's schedule is fixed at
+admission as [first extend, C, C, ..., rest] with C = chunked_prefill_size =
+the profile's chunk, and the ragged pool reserves exactly its pages (prefix
+shared, every chunk compressed, plus SGLang's estimated decode room). When
+the pages are not there even after evicting unlocked tree leaves, the
+request waits (NO_TOKEN), exactly like SGLang's token budget.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS, AddReqResult, PrefillAdder
+
+from .runtime import current
+
+logger = logging.getLogger("tangram_sglang")
+
+
+def _added(adder, req) -> bool:
+    return bool(adder.can_run_list) and adder.can_run_list[-1] is req
+
+
+class TangramPrefillAdder(PrefillAdder):
+    def add_one_req(self, req, has_chunked_req, truncation_align_size):
+        serving = current()
+        total = len(req.full_untruncated_fill_ids) - req.prefix_len
+        rem = self.rem_chunk_tokens
+        first = total if rem is None else min(total, rem)
+        if first <= 0 or total <= 0:
+            return super().add_one_req(req, has_chunked_req, truncation_align_size)
+        max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
+        decode = int(max_new * self.new_token_ratio) + 1
+        tree = self.tree_cache
+        lock = tree.lock(req.last_node)  # eviction for room must not take this request's prefix
+        try:
+            ok = serving.admit(req.rid, prefix_chain=tree.chain(req.last_node), prefix_tokens=req.prefix_len,
+                               node=req.last_node, first=first, total=total, decode_tokens=decode)
+        finally:
+            tree.unlock(lock)
+        if not ok:
+            return AddReqResult.NO_TOKEN
+        res = super().add_one_req(req, has_chunked_req, truncation_align_size)
+        if not _added(self, req):
+            serving.release(req.rid)
+            return res
+        actual = req.extend_end - req.prefix_len
+        if actual != first:
+            serving.replan(req.rid, prefix_chain=tree.chain(req.last_node), first=actual, total=total,
+                           decode_tokens=decode)
+        return res
+
+    def add_chunked_req(self, req):
+        out = super().add_chunked_req(req)
+        if _added(self, req):
+            current().check_next_chunk(req.rid, req.extend_end - req.prefix_len)
+        return out
+
+
+def prefill_adder_class(original, scheduler):
+    return TangramPrefillAdder if current() is not None else original(scheduler)
+
+
+def bind_rows(result, batch, *args, **kwargs):
+    """AFTER ScheduleBatch.prepare_for_extend: remember which req_to_token row each request got."""
+    serving = current()
+    if serving is not None:
+        for req in batch.reqs:
+            serving.bind_row(req.rid, req.kv.req_pool_idx)
+    return result
+
+
+def refuse_never_fitting(scheduler, req, *args, **kwargs):
+    """BEFORE Scheduler._add_request_to_queue: a prompt the pool can never hold fails now, clearly."""
+    serving = current()
+    if serving is None or req.finished():
+        return
+    why = serving.never_fits(len(req.origin_input_ids))
+    if why is not None:
+        serving.counters.too_large += 1
+        req.set_finish_with_abort(why)
