@@ -109,9 +109,21 @@ def _register_serving_hooks(HookRegistry, HookType) -> None:
 
 
 def _internal_state(result, controller, *args, **kwargs):
-    """AFTER get_internal_state: report the profile in /server_info's internal_states."""
-    runtime = getattr(controller.scheduler, "tangram", None)
+    """AFTER get_internal_state: report the profile, the pool and the batch counters in /server_info."""
+    scheduler = controller.scheduler
+    runtime = getattr(scheduler, "tangram", None)
     result.internal_state["tangram"] = runtime.info() if runtime is not None else None
+    result.internal_state["batch_counters"] = {
+        "running": len(scheduler.running_batch.reqs), "waiting": len(scheduler.waiting_queue),
+        "peak_running": getattr(scheduler, "tangram_peak_running", 0),
+    }
+    return result
+
+
+def _count_running(result, scheduler, *args, **kwargs):
+    """AFTER Scheduler.update_running_batch: the most requests ever decoding together (stock or Tangram)."""
+    if result is not None:
+        scheduler.tangram_peak_running = max(getattr(scheduler, "tangram_peak_running", 0), len(result.reqs))
     return result
 
 
@@ -147,5 +159,6 @@ def register() -> None:
         _register_serving_hooks(HookRegistry, HookType)
         HookRegistry.register(f"{SCHEDULER}.__init__", _scheduler_init, HookType.AFTER)
         HookRegistry.register(f"{INTERNAL_STATE}.get_internal_state", _internal_state, HookType.AFTER)
+        HookRegistry.register(f"{SCHEDULER}.update_running_batch", _count_running, HookType.AFTER)
     _patch_engine()
 

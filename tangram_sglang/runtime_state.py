@@ -57,7 +57,16 @@ class TangramRuntime:
 
 
 def _pool_info() -> dict | None:
+    """The ragged pool's counters plus the result of its integrity check (pool and tree)."""
     from .serving.runtime import current
 
     serving = current()
-    return serving.pool_info() if serving is not None and serving.cache is not None else None
+    if serving is None or serving.cache is None:
+        return None
+    info = serving.pool_info()
+    try:
+        serving.check_integrity()
+        info["integrity"] = "ok"
+    except Exception as exc:  # reported, not raised: /server_info must answer
+        info["integrity"] = f"{type(exc).__name__}: {exc}"
+    return info
