@@ -1,4 +1,4 @@
-"""Real SGLang Engines on a tiny random Llama: stock greedy == HF, and the profile reaches the scheduler."""
+"""Real SGLang Engines on a tiny random Llama: stock greedy == HF, and so does a 1.0 profile on the ragged pool."""
 
 import atexit
 
@@ -38,5 +38,7 @@ def test_profile_reaches_spawned_scheduler(tiny_llama, tmp_path):
     write_uniform(["--model-path", path, "--ratio", "1.0", "-o", str(profile)])
     outs, info = run_engine(path, prompts, tangram_profile=str(profile))
     assert info["profile"] == str(profile) and info["ratio"] == 1.0
-    assert info["virtual_layers"] == 2 * 2 and info["pool"] == "stock"
-    assert outs == hf  # a 1.0 profile is lossless
+    assert info["virtual_layers"] == 2 * 2 and info["pool"] == "ragged"
+    pool = info["pool_info"]
+    assert pool["integrity"] == "ok" and pool["pages_total"] == 2048 * (2 * 2 * 2 * 16 * 4) // pool["page_bytes"]  # stock bytes
+    assert outs == hf  # a 1.0 profile on the ragged pool is lossless
