@@ -1,0 +1,203 @@
+"""Soak of the serving control plane without a model: TangramServing + TangramRadixCache + the
+logical-id allocator, driven the way SGLang drives them (match, admit, chunk by chunk with a
+checkpoint after each, decode with capacity checks and retraction, finish into the tree, abort,
+evict). Integrity (pool, tree, logical ids) is checked after every operation, and a flush at the
+end must return every page.
+"""
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
+
+from tangram_sglang.serving.memory import TangramAllocator
+from tangram_sglang.serving.radix import TangramRadixCache
+from tangram_sglang.serving.runtime import TangramServing
+
+PROFILE = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs" / "smollm2-snapkv.yaml"
+MAX_LEN = 400
+
+
+class Row:
+    """ReqToTokenPool stand-in: the row tensor and the write() SGLang's tree calls."""
+
+    def __init__(self, rows: int):
+        self.req_to_token = torch.zeros((rows, MAX_LEN), dtype=torch.int32)
+
+    def write(self, index, values):
+        self.req_to_token[index] = values
+
+
+class FakeReq:
+    def __init__(self, rid, row, prompt):
+        self.rid, self.prompt, self.output = rid, list(prompt), []
+        self.kv = SimpleNamespace(req_pool_idx=row, cache_protected_len=0)
+        self.extra_key, self.lock, self.last_node, self.done = None, None, None, False
+        self.kv_len = 0  # tokens whose KV exists
+
+    def finished(self):
+        return self.done
+
+    @property
+    def full_untruncated_fill_ids(self):
+        return self.prompt + self.output
+
+
+def build(stock_tokens=700, chunk=24, seed=0):
+    serving = TangramServing.load(str(PROFILE), 0.25)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
+                      num_hidden_layers=30, intermediate_size=64, architectures=["LlamaForCausalLM"])
+    logical = serving.build_pool(cfg, stock_tokens=stock_tokens, dtype=torch.float32, device="cpu",
+                                 page_size=16, num_q_heads=9)
+    serving.chunk = chunk
+    rows = Row(64)
+    alloc = TangramAllocator(logical, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
+    tree = TangramRadixCache(CacheInitParams(disable=False, req_to_token_pool=rows,
+                                             token_to_kv_pool_allocator=alloc, page_size=1), serving)
+    return serving, tree, alloc, rows
+
+
+class Driver:
+    def __init__(self, seed):
+        self.rng = random.Random(seed)
+        self.serving, self.tree, self.alloc, self.rows = build()
+        self.free_rows = list(range(1, 64))
+        self.running: dict[str, FakeReq] = {}
+        self.sessions: list[list[int]] = [[] for _ in range(6)]
+        self.count = 0
+        self.stats = {"admitted": 0, "waited": 0, "finished": 0, "aborted": 0, "retracted": 0, "reused": 0}
+
+    # -- SGLang's flows ---------------------------------------------------------------------------
+    def new_request(self):
+        s = self.rng.randrange(len(self.sessions))
+        prompt = self.sessions[s] + [self.rng.randrange(8) for _ in range(self.rng.randint(1, 60))]
+        if len(prompt) + 40 > MAX_LEN or not self.free_rows:
+            self.sessions[s] = []
+            return
+        self.count += 1
+        req = FakeReq(f"r{self.count}", self.free_rows.pop(), prompt)
+        req.session = s
+        m = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=prompt, extra_key=None)))
+        node, prefix = m.last_device_node, m.device_prefix_len
+        self.stats["reused"] += prefix
+        lock = self.tree.lock(node)
+        ok = self.serving.admit(req.rid, prefix_chain=self.tree.chain(node), prefix_tokens=prefix, node=node,
+                                first=min(len(prompt) - prefix, self.serving.chunk), total=len(prompt) - prefix,
+                                decode_tokens=self.rng.randint(1, 8))
+        if not ok:
+            self.tree.unlock(lock)
+            self.free_rows.append(req.kv.req_pool_idx)
+            self.stats["waited"] += 1
+            return
+        req.lock, req.last_node = lock, node
+        row = self.rows.req_to_token[req.kv.req_pool_idx]
+        row[:prefix] = self.tree.path_device_indices(node)[:prefix].to(torch.int32)
+        row[prefix:len(prompt)] = self.alloc.alloc(len(prompt) - prefix).to(torch.int32)
+        req.kv.cache_protected_len = req.kv_len = prefix
+        self.serving.bind_row(req.rid, req.kv.req_pool_idx)
+        self.running[req.rid] = req
+        self.stats["admitted"] += 1
+
+    def step(self, req):
+        st = self.serving.requests[req.rid]
+        pool_req = self.serving.cache.requests[req.rid]
+        if not pool_req.prefill_done:
+            n = st.chunk_tokens[len(pool_req.chunk_ends)]
+            self.serving.extend_metadata([req.rid], [n])
+            req.kv_len += n
+            if pool_req.prefill_done:
+                req.output.append(self.rng.randrange(8))  # sampled after the last chunk
+            else:
+                self.tree.checkpoint(req, up_to=req.kv_len)  # Scheduler.stash_chunked_request
+            return
+        if not self.serving.ensure_decode_room([req.rid]):
+            self.release(req, checkpoint=False)
+            self.stats["retracted"] += 1
+            return
+        ids = self.alloc.alloc(1)
+        self.rows.req_to_token[req.kv.req_pool_idx, req.kv_len] = ids.to(torch.int32)
+        self.serving.decode_metadata([req.rid])
+        req.kv_len += 1
+        req.output.append(self.rng.randrange(8))
+
+    def release(self, req, *, checkpoint):
+        """release_kv_cache: checkpoint into the tree, free the row's own ids, unlock, drop the request."""
+        if checkpoint:
+            req.done = True
+            self.tree.checkpoint(req, up_to=req.kv_len)
+            self.sessions[req.session] = req.full_untruncated_fill_ids[: req.kv_len]
+        row = self.rows.req_to_token[req.kv.req_pool_idx]
+        self.alloc.free(row[req.kv.cache_protected_len: max(req.kv_len, len(req.prompt))].to(torch.int64))
+        self.tree.unlock(req.lock)
+        self.tree.on_release(req, checkpointed=checkpoint)
+        self.free_rows.append(req.kv.req_pool_idx)
+        del self.running[req.rid]
+
+    # -- checks -----------------------------------------------------------------------------------
+    def check(self):
+        self.serving.check_integrity()
+        own = sum(max(r.kv_len, len(r.prompt)) - r.kv.cache_protected_len for r in self.running.values())
+        assert self.alloc.available_size() + self.tree.total_tokens() + own == self.alloc.size
+        assert set(self.serving.requests) == set(self.running)
+
+    def run(self, ops):
+        for _ in range(ops):
+            x = self.rng.random()
+            if x < 0.25 or not self.running:
+                self.new_request()
+            else:
+                req = self.rng.choice(list(self.running.values()))
+                done = self.serving.cache.requests[req.rid].prefill_done
+                if x < 0.80:
+                    self.step(req)
+                elif x < 0.92 and done and req.kv_len > len(req.prompt):
+                    self.release(req, checkpoint=True)
+                    self.stats["finished"] += 1
+                elif x < 0.96:
+                    self.release(req, checkpoint=False)
+                    self.stats["aborted"] += 1
+                else:
+                    self.tree.evict(EvictParams(num_tokens=self.rng.randint(1, 80)))
+            self.check()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_serving_soak_integrity_and_full_release(seed):
+    d = Driver(seed)
+    d.run(1500)
+    assert d.stats["finished"] > 20 and d.stats["reused"] > 0 and d.serving.counters.evicted_segments > 0
+    assert d.stats["waited"] > 0 and d.stats["retracted"] > 0  # the pool ran full: waits and retractions
+    for req in list(d.running.values()):
+        d.release(req, checkpoint=False)
+        d.check()
+    d.check()
+    assert d.alloc.available_size() + d.tree.total_tokens() == d.alloc.size
+    d.tree.reset()  # Scheduler.flush_cache: tree reset, then the allocator is cleared
+    d.alloc.clear()
+    d.check()
+    assert d.serving.cache.pool.num_free == d.serving.spec.num_pages and not d.serving.cache.store.segments
+    assert d.tree.total_tokens() == 0 and d.alloc.available_size() == d.alloc.size
+
+
+def test_turn_two_reuses_turn_one_prompt_and_output():
+    d = Driver(3)
+    d.sessions = [[]]
+    d.rng = random.Random(5)
+    d.new_request()
+    (req,) = d.running.values()
+    while not d.serving.cache.requests[req.rid].prefill_done or req.kv_len < len(req.prompt) + 5:
+        d.step(req)
+    d.release(req, checkpoint=True)
+    history = req.full_untruncated_fill_ids[: req.kv_len]
+    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=history + [1, 2, 3], extra_key=None)))
+    assert m.device_prefix_len == len(history)
+    # a match that would end inside a compressed chunk stops at the chunk's start
+    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=req.prompt[:5] + [99], extra_key=None)))
+    assert m.device_prefix_len == 0
+    d.check()
