@@ -201,3 +201,23 @@ def test_turn_two_reuses_turn_one_prompt_and_output():
     m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=req.prompt[:5] + [99], extra_key=None)))
     assert m.device_prefix_len == 0
     d.check()
+
+
+def test_shortened_chunk_is_replanned_from_the_tree():
+    """SGLang may cut a chunked request's next extend short: the rest is re-planned exactly."""
+    d = Driver(4)
+    d.sessions = [[3] * 60]  # prompt >= 61 tokens: at least 3 chunks of 24
+    d.new_request()
+    (req,) = d.running.values()
+    d.step(req)  # first chunk, checkpointed into the tree
+    planned = d.serving.requests[req.rid].chunk_tokens
+    assert len(planned) >= 3
+    d.serving.follow_chunk(req.rid, 7)
+    replanned = d.serving.requests[req.rid].chunk_tokens
+    assert replanned[0] == 7 and sum(replanned) == sum(planned[1:])
+    d.check()
+    while not d.serving.cache.requests[req.rid].prefill_done or req.kv_len < len(req.prompt) + 3:
+        d.step(req)
+        d.check()
+    d.release(req, checkpoint=True)
+    d.check()

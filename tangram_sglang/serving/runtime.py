@@ -130,8 +130,10 @@ class TangramServing:
                                        heads_per_group=self.profile.heads_per_group, device=device)
         self.split_rows = make_split_rows(self.entry.split_map, device=device)
         slots_per_token = float(self.entry.group_budget.sum())
-        logical = int(spec.num_pages * page_size / max(slots_per_token, 1e-6)) * 2
-        return max(logical, 4 * self.stock_tokens)
+        # Generous: SGLang's token budget (decode estimates of running requests included) must
+        # never bind before the pages do; an id costs 8 bytes of free list.
+        logical = int(spec.num_pages * page_size / max(slots_per_token, 1e-6)) * 4
+        return max(logical, 16 * self.stock_tokens)
 
     @property
     def spec(self) -> PoolSpec:
@@ -186,14 +188,28 @@ class TangramServing:
                           first=first, total=total, decode_tokens=decode_tokens):
             raise RuntimeError(f"Tangram: request {rid} lost its reservation when its first chunk changed")
 
-    def check_next_chunk(self, rid: str, num_tokens: int) -> None:
-        """SGLang's next extend of a chunked request must be the planned compression chunk."""
+    def follow_chunk(self, rid: str, num_tokens: int) -> None:
+        """SGLang's next extend of a chunked request should be the planned compression chunk; if it
+        is not (SGLang cut it shorter), re-plan the rest from the chunks already in the tree."""
         req = self.cache.requests[rid]
-        k = len(req.chunk_ends)
-        planned = req.plan.chunk_tokens[k] if k < len(req.plan.chunk_tokens) else None
-        if planned != num_tokens:
+        done = len(req.chunk_ends)
+        planned = req.plan.chunk_tokens[done:]
+        if planned and planned[0] == num_tokens:
+            return
+        state = self.requests[rid]
+        if done != req.published_chunks or self.tree is None:
             raise RuntimeError(f"Tangram: request {rid} got an extend of {num_tokens} tokens, its planned "
-                               f"compression chunk is {planned}")
+                               f"compression chunk is {planned[:1]}, and its chunks are not all in the tree")
+        decode = req.plan.decode_tokens
+        self.cache.abort(rid)
+        sched = chunk_schedule(num_tokens, sum(planned), self.chunk)
+        while (adm := self.cache.admit(rid, chunk_tokens=sched, decode_tokens=decode,
+                                       prefix=self.tree.chain(state.node))) is None:
+            if not self.tree.evict_pages(1):
+                raise RuntimeError(f"Tangram: no pages to re-plan request {rid} after SGLang shortened its chunk")
+        state.chunk_tokens, state.prefix_tokens = sched, state.published_tokens
+        if adm.copy_src.size:
+            state.copy_src, state.copy_dst = adm.copy_src, adm.copy_dst
 
     def bind_row(self, rid: str, row: int) -> None:
         state = self.requests.get(rid)

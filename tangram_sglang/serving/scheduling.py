@@ -58,7 +58,7 @@ class TangramPrefillAdder(PrefillAdder):
     def add_chunked_req(self, req):
         out = super().add_chunked_req(req)
         if _added(self, req):
-            current().check_next_chunk(req.rid, req.extend_end - req.prefix_len)
+            current().follow_chunk(req.rid, req.extend_end - req.prefix_len)
         return out
 
 
