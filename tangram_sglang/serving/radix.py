@@ -202,6 +202,8 @@ class TangramRadixCache(RadixCache):
         return None
 
     def on_release(self, req, *, checkpointed: bool) -> None:
+        if not checkpointed and not req.finished():
+            self.serving.counters.retracted += 1  # decode ran out of pages: SGLang requeues it
         self.serving.release(req.rid)
 
     # -- eviction --------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ class PoolCounters:
     admitted: int = 0
     waited: int = 0
     too_large: int = 0
-    retracted_pages: int = 0
+    retracted: int = 0
     evicted_segments: int = 0
     peak_running: int = 0
     peak_pages_used: int = 0
