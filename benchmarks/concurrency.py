@@ -1,0 +1,332 @@
+"""Concurrency benchmark: with the same KV pool bytes, how many long sessions does each server hold at once?
+
+Stock SGLang and Tangram (--tangram-profile, one server per --ratios entry) are launched in turn with
+the same --max-total-tokens T: stock gets T full-KV token slots, Tangram a ragged pool of the same
+bytes. S sessions start together (one thread each), each a 2-turn chat over /generate with input_ids:
+
+  turn 1  chat template + a real-text slice of --prompt-tokens tokens (repo docs, a different offset
+          per session, so sessions share no prefix) -> --max-new-tokens generated
+  turn 2  turn-1 prompt + its output + end of turn + --new-tokens more real text -> --max-new-tokens
+
+greedy (temperature 0), ignore_eos, so every request decodes exactly --max-new-tokens tokens. After
+the run the server's /server_info gives batch_counters.peak_running (the most requests ever decoding
+together) and, for Tangram, pool_info (pages, bytes saved, integrity). Exits non-zero if any request
+fails or returns the wrong number of tokens, or if the Tangram pool integrity is not "ok".
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/concurrency.py --sessions 16 --max-total-tokens 6144 --ratios 0.25 0.5
+    # writes benchmarks/results/concurrency.{json,md}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "launch"))
+
+from tangram_sglang.server_process import ServerProcess  # noqa: E402
+
+CORPUS = ["README.md", "configs/CALIBRATION.md", "configs/reference-regularity.md"]
+
+
+def log(msg: str) -> None:
+    print(f"[concurrency {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def http_json(url: str, payload: dict | None = None, timeout: float = 1800) -> dict:
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+class Workload:
+    """Token ids of every session's turns, from the model's tokenizer and the repo's docs."""
+
+    def __init__(self, model_path: str, sessions: int, prompt_tokens: int, new_tokens: int):
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_path)
+        self.corpus: list[int] = []
+        for name in CORPUS:
+            with open(os.path.join(ROOT, name)) as f:
+                self.corpus += tok.encode(f.read(), add_special_tokens=False)
+        # ChatML pieces (SmolLM2's template); the system turn is the template's own.
+        system = tok.apply_chat_template([{"role": "user", "content": "X"}], tokenize=False,
+                                         add_generation_prompt=True).split("<|im_start|>user")[0]
+        self.head = tok.encode(system + "<|im_start|>user\n", add_special_tokens=False)
+        self.tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+        self.next_user = tok.encode("<|im_end|>\n<|im_start|>user\n", add_special_tokens=False)
+        body = prompt_tokens - len(self.head) - len(self.tail)
+        span = len(self.corpus) - body - new_tokens
+        if body <= 0 or span <= 0:
+            raise SystemExit(f"--prompt-tokens {prompt_tokens} does not fit the corpus of {len(self.corpus)} tokens")
+        step = max(1, span // max(1, sessions))
+        self.turn1, self.turn2_text = [], []
+        for i in range(sessions):
+            off = (i * step) % span
+            self.turn1.append(self.head + self.corpus[off: off + body] + self.tail)
+            # Turn 2's new text: the tokens right after this session's slice (real, continuing text).
+            self.turn2_text.append(self.corpus[off + body: off + body + new_tokens])
+        firsts = {tuple(t[len(self.head): len(self.head) + 8]) for t in self.turn1}
+        if len(firsts) != sessions:
+            raise SystemExit("two sessions start with the same text: pick fewer sessions or a shorter prompt")
+
+    def turn2(self, i: int, output_ids: list[int]) -> list[int]:
+        return self.turn1[i] + output_ids + self.next_user + self.turn2_text[i] + self.tail
+
+
+def run_sessions(url: str, wl: Workload, max_new: int, poll_s: float) -> dict:
+    n = len(wl.turn1)
+    results: list[dict] = [dict(session=i) for i in range(n)]
+    errors: list[str] = []
+    barrier = threading.Barrier(n + 1)
+    samples: list[dict] = []
+    stop = threading.Event()
+
+    def generate(ids: list[int]) -> dict:
+        return http_json(url + "/generate", {"input_ids": ids, "sampling_params": {
+            "temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}})
+
+    def session(i: int) -> None:
+        r = results[i]
+        try:
+            barrier.wait()
+            for turn in (1, 2):
+                ids = wl.turn1[i] if turn == 1 else wl.turn2(i, r["turn1_output_ids"])
+                t0 = time.perf_counter()
+                out = generate(ids)
+                dt = time.perf_counter() - t0
+                got = list(out.get("output_ids") or [])
+                meta = out.get("meta_info", {})
+                r[f"turn{turn}"] = dict(prompt_tokens=len(ids), output_tokens=len(got), seconds=round(dt, 3),
+                                        cached_tokens=meta.get("cached_tokens"),
+                                        finish_reason=(meta.get("finish_reason") or {}).get("type"))
+                if len(got) != max_new:
+                    raise RuntimeError(f"turn {turn}: {len(got)} output tokens, expected {max_new}; "
+                                       f"response {json.dumps(out)[:300]}")
+                if turn == 1:
+                    r["turn1_output_ids"] = got
+            r.pop("turn1_output_ids", None)
+            r["done_at"] = time.perf_counter()
+        except Exception as exc:  # noqa: BLE001 - every failure is reported and fails the run
+            msg = exc.read().decode(errors="replace")[:300] if isinstance(exc, urllib.error.HTTPError) else str(exc)
+            errors.append(f"session {i}: {type(exc).__name__}: {msg}")
+            r.pop("turn1_output_ids", None)
+
+    def poller() -> None:
+        t_start = time.perf_counter()
+        while not stop.wait(poll_s):
+            try:
+                st = http_json(url + "/server_info", timeout=60)["internal_states"][0]
+            except Exception:  # noqa: BLE001 - a missed sample is fine
+                continue
+            s = dict(t=round(time.perf_counter() - t_start, 1), **st.get("batch_counters", {}))
+            pool = (st.get("tangram") or {}).get("pool_info")
+            if pool:
+                s["pages_used"] = pool["pages_used"]
+            samples.append(s)
+
+    threads = [threading.Thread(target=session, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    poll = threading.Thread(target=poller, daemon=True) if poll_s > 0 else None
+    barrier.wait()
+    t0 = time.perf_counter()
+    if poll:
+        poll.start()
+    last_report = t0
+    while any(t.is_alive() for t in threads):
+        time.sleep(0.5)
+        if time.perf_counter() - last_report >= 30:
+            done = sum("done_at" in r for r in results)
+            last = samples[-1] if samples else {}
+            log(f"  {time.perf_counter() - t0:.0f} s: {done}/{n} sessions done, {len(errors)} errors; "
+                f"server running={last.get('running')} waiting={last.get('waiting')} "
+                f"peak_running={last.get('peak_running')}")
+            last_report = time.perf_counter()
+    wall = time.perf_counter() - t0
+    stop.set()
+    if poll:
+        poll.join()
+    for r in results:
+        if "done_at" in r:
+            r["done_at"] = round(r["done_at"] - t0, 3)
+    return dict(wall_s=wall, sessions=results, errors=errors, samples=samples)
+
+
+def log_findings(path: str) -> dict:
+    """Lines of the server log worth reporting: retractions, errors, tracebacks, Tangram warnings
+    (not the server_args dump, nor the import / platform warnings every CPU launch prints)."""
+    with open(path, errors="replace") as f:
+        lines = [ln.rstrip() for ln in f if "server_args=" not in ln]
+    noise = re.compile(r"Ignore import error|UserWarning: Only|warnings\.warn")
+    pat = re.compile(r"retract|error|traceback|exception|out of memory|tangram:", re.I)
+    hits = [ln[:300] for ln in lines if pat.search(ln) and not noise.search(ln)]
+    retract = [ln for ln in lines if "Retract requests" in ln]
+    return dict(retract_lines=len(retract), retract=retract[-5:], notable=hits[-20:])
+
+
+def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: float | None) -> dict:
+    extra = ["--max-total-tokens", str(args.max_total_tokens)]
+    profile = None
+    if ratio is not None:
+        profile = os.path.join(ROOT, args.profile)
+        extra += ["--tangram-ratio", str(ratio)]
+    log(f"[{name}] starting server on port {port} (--max-total-tokens {args.max_total_tokens}"
+        + (f", profile {args.profile} ratio {ratio})" if profile else ")"))
+    t_launch = time.perf_counter()
+    with ServerProcess(model_path, port=port, profile=profile, extra_args=extra) as srv:
+        log(f"[{name}] server ready in {time.perf_counter() - t_launch:.0f} s; log {srv.log_path}")
+        info0 = http_json(srv.url + "/server_info", timeout=60)
+        served_T = info0.get("max_total_num_tokens")
+        if ratio is None and served_T is not None and served_T != args.max_total_tokens:
+            raise SystemExit(f"[{name}] server reports max_total_num_tokens={served_T}, asked "
+                             f"{args.max_total_tokens}: the override did not take")
+        log(f"[{name}] running {len(wl.turn1)} sessions x 2 turns")
+        run = run_sessions(srv.url, wl, args.max_new_tokens, args.poll)
+        log(f"[{name}] done in {run['wall_s']:.1f} s, {len(run['errors'])} errors; reading /server_info")
+        st = http_json(srv.url + "/server_info", timeout=120)["internal_states"][0]
+        findings = log_findings(srv.log_path)
+    counters = st.get("batch_counters", {})
+    tangram = st.get("tangram") or {}
+    pool = tangram.get("pool_info")
+    out = dict(mode=name, ratio=ratio, max_total_tokens=args.max_total_tokens,
+               server_max_total_num_tokens=served_T, batch_counters=counters,
+               peak_running=counters.get("peak_running"),
+               peak_running_polled=max((s.get("running") or 0 for s in run["samples"]), default=None),
+               wall_s=round(run["wall_s"], 2), errors=run["errors"], log=findings,
+               sessions=run["sessions"], samples=run["samples"])
+    if pool is not None:
+        out["pool_info"] = pool
+        out["pool_bytes"] = pool["pool_bytes"]
+        out["peak_pages_used_polled"] = max((s.get("pages_used") or 0 for s in run["samples"]), default=None)
+    log(f"[{name}] peak_running={out['peak_running']} (polled max {out['peak_running_polled']}), "
+        f"retract log lines={findings['retract_lines']}"
+        + (f", pages peak {pool['peak_pages_used']}/{pool['pages_total']}, integrity {pool['integrity']}"
+           if pool else ""))
+    return out
+
+
+def full_kv_token_bytes(model_path: str, dtype_bytes: int = 4) -> int:
+    with open(os.path.join(model_path, "config.json")) as f:
+        cfg = json.load(f)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * dtype_bytes
+
+
+def fmt_md(res: dict) -> str:
+    a = res["args"]
+    lines = [f"Command: `{res['command']}`", "",
+             f"Workload: {a['sessions']} sessions started together, 2 turns each over /generate (input_ids): "
+             f"turn 1 = {a['prompt_tokens']}-token prompt (repo docs, a different offset per session), turn 2 = "
+             f"turn 1 + its output + {a['new_tokens']} new tokens (+ chat markers); {a['max_new_tokens']} tokens "
+             f"generated per turn (greedy, ignore_eos). SmolLM2-135M-Instruct, float32 KV, CPU, "
+             f"OMP_NUM_THREADS=1. Same `--max-total-tokens {a['max_total_tokens']}` for every server.", "",
+             "| mode | T | pool MiB | peak concurrent sessions | vs stock | pool pages used peak | "
+             "saved vs full KV (end) | wall s | wall vs stock |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    stock = res["modes"][0]
+    for m in res["modes"]:
+        pool = m.get("pool_info")
+        pages = f"{pool['peak_pages_used']} / {pool['pages_total']}" if pool else "-"
+        saved = f"{100 * pool['saved_vs_full_kv']:.1f}%" if pool else "-"
+        lines.append(f"| {m['mode']} | {m['max_total_tokens']} | {m['pool_bytes'] / 2**20:.1f} | {m['peak_running']} | "
+                     f"{m['peak_running'] / stock['peak_running']:.2f}x | {pages} | {saved} | {m['wall_s']:.1f} | "
+                     f"{m['wall_s'] / stock['wall_s']:.2f} |")
+    lines += ["", "Peak concurrent sessions = `batch_counters.peak_running` from `/server_info` after the run: the "
+              "most requests ever in one decode batch. Pool MiB: stock = T x full-KV bytes per token; Tangram = "
+              "`pool_info.pool_bytes` (the ragged pool sized from the same bytes). Saved vs full KV: "
+              "`pool_info.saved_vs_full_kv` at the end of the run (the radix tree's cached sessions). Wall times "
+              "are from the same run on a shared 2-core machine: compare them only as ratios.", ""]
+    for m in res["modes"]:
+        t2 = [s["turn2"]["cached_tokens"] for s in m["sessions"] if "turn2" in s]
+        p2 = [s["turn2"]["prompt_tokens"] for s in m["sessions"] if "turn2" in s]
+        lines.append(f"- {m['mode']}: " + ("" if m["memory_bound"] else "NOT pool-bound (all sessions ran "
+                     "together: the peak is a lower bound); ") + f"turn-2 prompt cache hits {sum(t2)} of {sum(p2)} "
+                     f"tokens ({100 * sum(t2) / max(1, sum(p2)):.0f}%); "
+                     f"retraction lines in the server log: {m['log']['retract_lines']}"
+                     + (f"; pool integrity: {m['pool_info']['integrity']}" if m.get("pool_info") else ""))
+    lines += ["", "Turn-2 cache hits: a session's turn 2 reuses its history only if that history is still in the "
+              "radix tree when the turn is admitted. SGLang admits in arrival order (fcfs) and the other "
+              "sessions' turn-1 requests arrived first, so with the pool full their admission evicts finished "
+              "histories; a server that holds more sessions keeps more histories alive (the shared system "
+              "prompt is what every server keeps)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, default=16)
+    ap.add_argument("--max-total-tokens", type=int, default=6144)
+    ap.add_argument("--ratios", type=float, nargs="*", default=[0.25], help="Tangram ratios (one server each)")
+    ap.add_argument("--profile", default="configs/smollm2-snapkv.yaml")
+    ap.add_argument("--prompt-tokens", type=int, default=1400)
+    ap.add_argument("--new-tokens", type=int, default=60)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--stock-port", type=int, default=31811)
+    ap.add_argument("--tangram-port", type=int, default=31812)
+    ap.add_argument("--poll", type=float, default=2.0, help="seconds between /server_info samples (0: none)")
+    ap.add_argument("--no-stock", action="store_true", help="skip the stock server (debugging only)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "concurrency.json"))
+    args = ap.parse_args(argv)
+
+    from models import ensure_model
+
+    model_path = ensure_model("smollm2")
+    t_all = time.perf_counter()
+    log(f"tokenizing the workload: {args.sessions} sessions, {args.prompt_tokens}-token prompts")
+    wl = Workload(model_path, args.sessions, args.prompt_tokens, args.new_tokens)
+    modes = []
+    if not args.no_stock:
+        m = run_mode("stock", model_path, args.stock_port, args, wl, None)
+        m["pool_bytes"] = args.max_total_tokens * full_kv_token_bytes(model_path)
+        modes.append(m)
+    for ratio in args.ratios:
+        modes.append(run_mode(f"tangram-snapkv@{ratio}", model_path, args.tangram_port, args, wl, ratio))
+
+    res = dict(command="python benchmarks/concurrency.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               args=vars(args), full_kv_token_bytes=full_kv_token_bytes(model_path),
+               total_s=round(time.perf_counter() - t_all, 1), modes=modes)
+    problems = []
+    for m in modes:
+        problems += [f"{m['mode']}: {e}" for e in m["errors"]]
+        pool = m.get("pool_info")
+        if pool is not None and pool.get("integrity") != "ok":
+            problems.append(f"{m['mode']}: pool integrity {pool.get('integrity')}")
+    res["problems"] = problems
+    for m in modes:
+        m["memory_bound"] = bool(m["peak_running"] and m["peak_running"] < args.sessions)
+        if not m["memory_bound"]:
+            log(f"WARNING {m['mode']}: peak {m['peak_running']} = all {args.sessions} sessions: the pool did not "
+                "bind, so this is only a lower bound (run with more --sessions)")
+    if not args.no_stock and modes[0]["peak_running"]:
+        stock_peak = modes[0]["peak_running"]
+        for m in modes[1:]:
+            log(f"{m['mode']}: {m['peak_running']} concurrent sessions vs stock {stock_peak} "
+                f"({m['peak_running'] / stock_peak:.2f}x), wall {m['wall_s'] / modes[0]['wall_s']:.2f}x stock")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    if not args.no_stock:
+        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+            f.write(fmt_md(res))
+    log(f"wrote {args.out} ({res['total_s']} s in all)")
+    if problems:
+        for p in problems:
+            log(f"PROBLEM {p}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
