@@ -10,8 +10,9 @@ decode: appends one slot per virtual layer). Per layer:
 * decode: the new token's K/V go to every group; attention runs per group over
   its own length, cut by the profile's split map (tiles on CPU).
 
-The torch data plane from tangram_sglang.attention runs on every device; on
-CUDA the Triton decode kernel replaces the decode reference.
+The torch data plane from tangram_sglang.attention runs on every device for
+now; the Triton and CUDA decode kernels (same signature) are not selected here
+yet because they have not run on a GPU.
 """
 
 from __future__ import annotations
