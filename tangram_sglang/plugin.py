@@ -32,14 +32,16 @@ def _scheduler_pre_init(scheduler, server_args, *args, **kwargs):
 
 def _scheduler_init(result, scheduler, server_args, *args, **kwargs) -> None:
     """AFTER Scheduler.__init__: check the profile against the model SGLang loaded; report it."""
+    from .profile import ModelShape
     from .runtime_state import TangramRuntime
-    from .server_args_ext import profile_request
+    from .serving.runtime import current
 
-    path, ratio = profile_request(server_args)
+    serving = current()
     scheduler.tangram = None
-    if path is None:
+    if serving is None:
         return
-    runtime = TangramRuntime.load(path, ratio, scheduler.model_config.hf_config)
+    serving.profile.check_model(ModelShape.from_hf_config(scheduler.model_config.hf_config))
+    runtime = TangramRuntime(path=serving.path, profile=serving.profile, entry=serving.entry)
     scheduler.tangram = runtime
     scheduler.tp_worker.model_runner.tangram = runtime
     runtime.log_summary()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from .profile import ModelShape, RatioEntry, TangramProfile, load_profile
+from .profile import RatioEntry, TangramProfile
 
 logger = logging.getLogger("tangram_sglang")
 
@@ -22,12 +22,6 @@ class TangramRuntime:
     path: str
     profile: TangramProfile
     entry: RatioEntry
-
-    @classmethod
-    def load(cls, path: str, ratio: float | None, hf_config) -> "TangramRuntime":
-        profile = load_profile(path)
-        profile.check_model(ModelShape.from_hf_config(hf_config))
-        return cls(path=path, profile=profile, entry=profile.select(ratio))
 
     def info(self) -> dict:
         """JSON-able summary for /server_info and logs."""

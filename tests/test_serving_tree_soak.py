@@ -221,3 +221,21 @@ def test_shortened_chunk_is_replanned_from_the_tree():
         d.check()
     d.release(req, checkpoint=True)
     d.check()
+
+
+def test_decode_estimate_larger_than_the_pool_is_capped_not_fatal():
+    """SGLang's decode estimate (max_new_tokens x ratio) may exceed the whole pool: the request is
+    admitted with one decode token reserved; a prefill that can never fit still raises."""
+    from tangram_sglang.pool.spec import RequestTooLargeError
+
+    serving, tree, _, _ = build()
+    root = tree.root_node
+    assert serving.admit("big-decode", prefix_chain=[], prefix_tokens=0, node=root, first=24, total=100,
+                         decode_tokens=10**7)
+    assert serving.cache.requests["big-decode"].plan.decode_tokens == 1
+    serving.release("big-decode")
+    with pytest.raises(RequestTooLargeError):
+        serving.admit("huge", prefix_chain=[], prefix_tokens=0, node=root, first=24, total=10**6,
+                      decode_tokens=1)
+    serving.check_integrity()
+    assert serving.cache.pool.num_free == serving.spec.num_pages and not serving.requests

@@ -22,7 +22,6 @@ and becomes root's second child starting with sys's first token. B's turn 2,
 
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
@@ -30,8 +29,6 @@ import torch
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult, MatchPrefixParams, MatchResult
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
-
-logger = logging.getLogger("tangram_sglang")
 
 
 class SegNode(TreeNode):
@@ -71,9 +68,8 @@ class TangramRadixCache(RadixCache):
             for node in self._nodes():
                 self.serving.cache.evict(node.seg.seg_id)
         super().reset()
-        root = SegNode(tokens=np.zeros(0, np.int64), value=torch.zeros(0, dtype=torch.int64), seg=None)
+        root = SegNode(tokens=np.zeros(0, np.int64), value=[], seg=None)
         root.lock_ref = 1
-        root.value = []
         self.root_node = root
         self._empty_match_result = self._empty_match_result._replace(
             last_device_node=root, last_host_node=root, best_match_node=root)
@@ -164,11 +160,13 @@ class TangramRadixCache(RadixCache):
         segs = self.serving.cache.publish(req.rid, include_tail=req.finished())
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         fill = req.full_untruncated_fill_ids
-        parent, pos = state.node, state.published_tokens
+        parent, pos, stop = state.node, state.published_tokens, False
         for seg in segs:
             end = pos + seg.num_tokens
-            if end > up_to or seg.num_tokens == 0:
-                # The pool ran ahead of what SGLang keeps (should not happen): cache no more.
+            stop = stop or end > up_to or seg.num_tokens == 0
+            if stop:
+                # The pool ran ahead of what SGLang keeps (should not happen): this segment and
+                # every later one (its chain runs through this one) stay out of the tree.
                 self.serving.cache.evict(seg.seg_id)
                 continue
             tokens = _tokens(fill[pos:end])
@@ -207,13 +205,13 @@ class TangramRadixCache(RadixCache):
         self.serving.release(req.rid)
 
     # -- eviction --------------------------------------------------------------------------------
-    def _evict_leaf(self, node: SegNode) -> tuple[int, int]:
-        """Drop one unlocked leaf: returns (tokens, pages freed)."""
+    def _evict_leaf(self, node: SegNode) -> int:
+        """Drop one unlocked leaf (its logical ids and its segment's page references); returns its tokens."""
         self.token_to_kv_pool_allocator.free(node.value)
-        pages = self.serving.cache.evict(node.seg.seg_id)
+        self.serving.cache.evict(node.seg.seg_id)
         self.serving.counters.evicted_segments += 1
         self._delete_leaf(node)
-        return len(node.tokens), pages
+        return len(node.tokens)
 
     def evict(self, params: EvictParams) -> EvictResult:
         if self.disable:
@@ -231,7 +229,7 @@ class TangramRadixCache(RadixCache):
         if not self.evictable_leaves:
             return 0
         node = min(self.evictable_leaves, key=lambda n: (self.eviction_strategy.get_priority(n), n.id))
-        return self._evict_leaf(node)[0]
+        return self._evict_leaf(node)
 
     def evict_pages(self, pages: int) -> bool:
         """Evict LRU leaves until the pool has ``pages`` more available pages; False if none left."""

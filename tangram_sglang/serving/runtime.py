@@ -16,7 +16,6 @@ Requests are keyed by SGLang's ``Req.rid``. Life of one request:
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,8 +27,6 @@ from ..pool.page_data import KVPageData
 from ..pool.spec import PoolSpec, RequestTooLargeError
 from ..profile import ModelShape, TangramProfile, load_profile
 from ..scorers import ScorerState, get_scorer
-
-logger = logging.getLogger("tangram_sglang")
 
 DEFAULT_CHUNK = 512
 _CURRENT: "TangramServing | None" = None
@@ -154,21 +151,38 @@ class TangramServing:
                     "it can never be served (shorten it or serve with a larger pool)")
         return None
 
+    def _reserve(self, rid: str, sched: list[int], decode_tokens: int, prefix_chain):
+        """cache.admit, evicting unlocked tree leaves until it fits; None if it cannot now.
+
+        Decode room is SGLang's estimate, not a need: if it alone makes the request larger than
+        the whole pool, reserve one decode token and let decode grow (or retract) on demand.
+        Raises RequestTooLargeError only when the prefill itself can never fit.
+        """
+        while True:
+            try:
+                adm = self.cache.admit(rid, chunk_tokens=sched, decode_tokens=decode_tokens, prefix=prefix_chain)
+            except RequestTooLargeError:  # raised before anything is reserved
+                if decode_tokens <= 1:
+                    raise
+                decode_tokens = 1
+                continue
+            if adm is not None:
+                return adm
+            if self.tree is None or not self.tree.evict_pages(1):
+                return None
+
     def admit(self, rid: str, *, prefix_chain, prefix_tokens: int, node, first: int, total: int,
               decode_tokens: int) -> bool:
         """Reserve exactly the pages of this request (evicting unlocked tree leaves if needed).
 
         Returns False when the pages are not there even after eviction (the request waits).
-        Raises RequestTooLargeError when it can never fit.
+        Raises RequestTooLargeError when its prefill can never fit.
         """
         sched = chunk_schedule(first, total, self.chunk)
-        while True:
-            adm = self.cache.admit(rid, chunk_tokens=sched, decode_tokens=decode_tokens, prefix=prefix_chain)
-            if adm is not None:
-                break
-            if self.tree is None or not self.tree.evict_pages(1):
-                self.counters.waited += 1
-                return False
+        adm = self._reserve(rid, sched, decode_tokens, prefix_chain)
+        if adm is None:
+            self.counters.waited += 1
+            return False
         state = RequestState(rid=rid, scorer_states=[ScorerState(tokens_seen=prefix_tokens)
                                                      for _ in range(self.spec.num_layers)],
                              prefix_tokens=prefix_tokens, node=node, published_tokens=prefix_tokens,
@@ -203,10 +217,9 @@ class TangramServing:
         decode = req.plan.decode_tokens
         self.cache.abort(rid)
         sched = chunk_schedule(num_tokens, sum(planned), self.chunk)
-        while (adm := self.cache.admit(rid, chunk_tokens=sched, decode_tokens=decode,
-                                       prefix=self.tree.chain(state.node))) is None:
-            if not self.tree.evict_pages(1):
-                raise RuntimeError(f"Tangram: no pages to re-plan request {rid} after SGLang shortened its chunk")
+        adm = self._reserve(rid, sched, decode, self.tree.chain(state.node))
+        if adm is None:
+            raise RuntimeError(f"Tangram: no pages to re-plan request {rid} after SGLang shortened its chunk")
         state.chunk_tokens, state.prefix_tokens = sched, state.published_tokens
         if adm.copy_src.size:
             state.copy_src, state.copy_dst = adm.copy_src, adm.copy_dst
@@ -257,7 +270,6 @@ class TangramServing:
         tokens_held = self.tokens_held()
         full_bytes = tokens_held * self.full_kv_token_bytes
         held_bytes = used * spec.page_size_bytes
-        self.counters.peak_pages_used = max(self.counters.peak_pages_used, used)
         return {
             "pages_total": u.total, "pages_used": used, "pages_free": u.free, "pages_reserved": u.reserved,
             "pages_held_by_tree": u.held_by_tree, "page_size": spec.page_size,
@@ -310,6 +322,7 @@ class TangramServing:
             parts = [loc[layer][np.arange(loc.shape[-1])[None, :] < kb[layer][:, None]]
                      for loc, kb in zip(locs, keep)]
             out.append(torch.from_numpy(np.concatenate(parts)).to(self.data.k_pages.device))
+        self._note_peak()
         return ForwardPlan.make(table, lens, self.data.k_pages.device, keep=keep, out_loc=out,
                                 states=[[self.requests[r].scorer_states[l] for r in rids]
                                         for l in range(self.spec.num_layers)])
@@ -323,9 +336,12 @@ class TangramServing:
         dev = self.data.k_pages.device
         out = [torch.from_numpy(np.ascontiguousarray(locs[:, layer, :]).reshape(-1)).to(dev)
                for layer in range(self.spec.num_layers)]
-        self.counters.peak_pages_used = max(self.counters.peak_pages_used,
-                                            self.spec.num_pages - self.cache.pool.num_free)
+        self._note_peak()
         return ForwardPlan.make(table, lens, dev, out_loc=out)
+
+    def _note_peak(self) -> None:
+        used = self.spec.num_pages - self.cache.pool.num_free
+        self.counters.peak_pages_used = max(self.counters.peak_pages_used, used)
 
 
 @dataclass

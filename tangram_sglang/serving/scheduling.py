@@ -13,13 +13,10 @@ request waits (NO_TOKEN), exactly like SGLang's token budget.
 
 from __future__ import annotations
 
-import logging
-
 from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS, AddReqResult, PrefillAdder
 
+from ..pool.spec import RequestTooLargeError
 from .runtime import current
-
-logger = logging.getLogger("tangram_sglang")
 
 
 def _added(adder, req) -> bool:
@@ -41,6 +38,13 @@ class TangramPrefillAdder(PrefillAdder):
         try:
             ok = serving.admit(req.rid, prefix_chain=tree.chain(req.last_node), prefix_tokens=req.prefix_len,
                                node=req.last_node, first=first, total=total, decode_tokens=decode)
+        except RequestTooLargeError as exc:
+            # Arrival already refuses prompts that never fit; a chunk schedule cut by batching can
+            # still tip one over. Fail it like SGLang fails bad input: it finishes with the error
+            # as a 1-token request next round, and the server keeps serving.
+            serving.counters.too_large += 1
+            req.set_finish_with_abort(f"Tangram: {exc}")
+            return AddReqResult.NO_TOKEN
         finally:
             tree.unlock(lock)
         if not ok:
