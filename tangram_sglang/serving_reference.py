@@ -12,9 +12,13 @@ Semantics for one request, greedy, float32:
   {p < s : kept[l][h][p]}  ∪  {s <= p <= i}: earlier chunks compressed,
   the current chunk causal and uncompressed.
 * After the chunk's attention in layer l, the method's scorer rates the chunk
-  (one ScorerState per layer for the whole request); each KV head h of group g
-  keeps its own top keep_count(beta[l][g], n) chunk positions (ties: the later
-  position wins). All heads of a group keep the same count.
+  (one ScorerState per layer for the whole request) and a selection policy
+  marks what each head keeps. The served policy (``ProfileSelection``): each
+  KV head h of group g keeps its own top keep_count(beta[l][g], n) chunk
+  positions (ties: the later position wins); all heads of a group keep the same
+  count. Benchmarks also run the dynamic method the profile freezes
+  (``DynamicSelection``: per-chunk global top-k over the layer's heads, paper
+  Eq. 3) and a uniform budget (``UniformSelection``) through the same oracle.
 * The first generated token is the argmax at the last prompt position. Every
   decode token at position p attends to all kept positions plus itself and
   earlier decode tokens; decode tokens are never compressed.
@@ -31,6 +35,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .budgets import keep_count
 from .scorers import ScorerState, get_scorer
+from .selection import global_topk_mask
 
 
 @dataclass
@@ -147,10 +152,51 @@ def check_entry(entry, heads_per_group: int, num_layers: int, num_kv_heads: int)
             raise ValueError(f"layer {layer}: groups {groups} are not a partition into <= {heads_per_group} heads")
 
 
+class ProfileSelection:
+    """The served policy: head h of group g keeps its top keep_count(beta[l][g], n) positions."""
+
+    def __init__(self, entry):
+        self.entry = entry
+
+    def kept_mask(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
+        """scores float [H, n] -> bool [H, n]."""
+        num_heads, n = scores.shape
+        counts = head_keep_counts(self.entry.group_budget[layer], self.entry.groups[layer], num_heads, n)
+        return _mask_of_counts(scores, counts)
+
+
+class DynamicSelection:
+    """Per-chunk global top ceil(ratio * H * n) of the layer's scores (the paper's "w/o Tangram")."""
+
+    def __init__(self, ratio: float):
+        self.ratio = float(ratio)
+
+    def kept_mask(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
+        return global_topk_mask(torch.clamp(scores.float(), min=torch.finfo(torch.float32).min), self.ratio)
+
+
+class UniformSelection:
+    """Every head keeps its own top keep_count(ratio, n) positions."""
+
+    def __init__(self, ratio: float):
+        self.ratio = float(ratio)
+
+    def kept_mask(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
+        num_heads, n = scores.shape
+        return _mask_of_counts(scores, [int(keep_count(self.ratio, n))] * num_heads)
+
+
+def _mask_of_counts(scores: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    mask = torch.zeros(scores.shape, dtype=torch.bool)
+    for h, count in enumerate(counts):
+        mask[h, top_positions(scores[h], count)] = True
+    return mask
+
+
 class _DenseTangram:
     """The model run layer by layer with per-head kept masks (see module docstring)."""
 
-    def __init__(self, model, entry, heads_per_group: int, method: str):
+    def __init__(self, model, entry, heads_per_group: int, method: str, selection=None):
         self.model = model
         self.inner = model.model
         cfg = model.config
@@ -160,6 +206,7 @@ class _DenseTangram:
         num_layers = len(self.inner.layers)
         check_entry(entry, heads_per_group, num_layers, self.num_kv)
         self.entry = entry
+        self.selection = selection or ProfileSelection(entry)
         self.scorer = get_scorer(method)
         self.cache = [LayerKV.empty(self.num_kv, self.head_dim) for _ in range(num_layers)]
         self.states = [ScorerState() for _ in range(num_layers)]
@@ -174,16 +221,14 @@ class _DenseTangram:
         return q[0].transpose(0, 1), k[0].transpose(0, 1), v
 
     def _compress(self, layer: int, q, k, v, start: int) -> None:
-        """Mark each head's top keep_count chunk positions of this layer as kept."""
+        """Mark the positions of this chunk the selection policy keeps in this layer."""
         state = self.states[layer]
         if state.tokens_seen != start:
             raise RuntimeError(f"scorer state at {state.tokens_seen}, chunk starts at {start}")
         scores = self.scorer.score(q, k, v, state)
-        n = k.shape[0]
-        counts = head_keep_counts(self.entry.group_budget[layer], self.entry.groups[layer], self.num_kv, n)
-        kept = self.cache[layer].kept
-        for h, count in enumerate(counts):
-            kept[h, [start + p for p in top_positions(scores[h], count)]] = True
+        if torch.isnan(scores).any():
+            raise ValueError("scorer returned NaN")
+        self.cache[layer].kept[:, start:start + k.shape[0]] = self.selection.kept_mask(layer, scores)
 
     def forward(self, ids: list[int], start: int, compress: bool) -> torch.Tensor:
         """Run tokens at positions start .. start + n - 1; returns logits float32 [V] of the last.
@@ -212,12 +257,16 @@ class _DenseTangram:
 @torch.no_grad()
 def reference_run(model, entry, *, heads_per_group: int, method: str, prompt_ids: list[int],
                   max_new_tokens: int, chunk_tokens: list[int] | None = None, chunk_size: int = 512,
-                  stop_ids: set[int] | frozenset = frozenset()) -> ReferenceRun:
-    """reference_generate, also returning the kept masks and chunk bounds (see ReferenceRun)."""
+                  stop_ids: set[int] | frozenset = frozenset(), selection=None) -> ReferenceRun:
+    """reference_generate, also returning the kept masks and chunk bounds (see ReferenceRun).
+
+    selection: ProfileSelection(entry) (the default: what the server does), DynamicSelection
+    or UniformSelection.
+    """
     if not prompt_ids:
         raise ValueError("prompt_ids is empty")
     chunks = chunk_bounds(len(prompt_ids), chunk_tokens, chunk_size)
-    run = _DenseTangram(model, entry, heads_per_group, method)
+    run = _DenseTangram(model, entry, heads_per_group, method, selection)
     for s, e in chunks:
         logits = run.forward(prompt_ids[s:e], s, compress=True)
     prompt_logits, tokens = logits, []

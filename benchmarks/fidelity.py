@@ -1,0 +1,279 @@
+"""Multi-turn fidelity: accuracy vs kept share for full KV, Tangram, the dynamic method, uniform and kvpress.
+
+    .venv/bin/python benchmarks/fidelity.py --quick          # a laptop's hour: SmolLM2, 4 per kind
+    .venv/bin/python benchmarks/fidelity.py                  # the README's figures (resumable)
+    .venv/bin/python benchmarks/fidelity.py --report-only    # tables and plot from what is recorded
+
+Same conversations (benchmarks/fidelity_tasks.py) and token ids for every setting:
+  full        stock SGLang (no profile), sessions concurrent, each turn a /generate request
+  tangram     the real server with --tangram-profile P --tangram-ratio r, sessions concurrent
+  dynamic     the dense oracle (tangram_sglang.serving_reference) with per-chunk global top-k over the
+              heads of each layer at ratio r (the paper's "w/o Tangram"), same chunk schedule as served
+  uniform     the same oracle, every head keeping the profile's mean per-head budget (equal memory)
+  kvpress-X   NVIDIA kvpress 0.5.5 in its own venv (benchmarks/kvpress_env.py): history compressed at
+              prefill, the final question and answer uncompressed; X in snapkv, adakv-snapkv, kvzip, ...
+Intermediate turns are sent with max_new_tokens=1 (their reply is the task's fixed text, so the next
+prompt extends this one and the server reuses it); the last turn is answered greedily.
+
+Every answer is recorded in --runs (JSON lines, committed) under a key of model, setting, ratio,
+conversation, the conversation's token ids and the code version of the setting, so a run can stop
+and resume, and a code change re-runs only what it affects. Outputs: --out-dir/fidelity.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks"), os.path.join(ROOT, "launch")]
+
+from fidelity_report import write_report  # noqa: E402
+from fidelity_tasks import Conversation, build_conversations  # noqa: E402
+
+PROFILES = {"smollm2": "configs/smollm2-snapkv.yaml", "qwen2.5-0.5b": "configs/qwen2.5-0.5b-snapkv.yaml"}
+ORACLE = ("dynamic", "uniform")
+KVPRESS = ("kvpress-snapkv", "kvpress-adakv-snapkv", "kvpress-kvzip")
+CHUNK = 512
+
+
+def log(msg: str) -> None:
+    print(f"[fidelity {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def digest(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p if isinstance(p, bytes) else str(p).encode())
+    return h.hexdigest()[:12]
+
+
+def code_version(setting: str, profile: str) -> str:
+    """What a setting's answers depend on (besides the token ids)."""
+    if setting == "full":
+        import sglang
+
+        return digest("sglang", sglang.__version__)
+    if setting.startswith("kvpress"):
+        files = [os.path.join(ROOT, "benchmarks", f) for f in ("kvpress_runner.py", "kvpress-requirements.txt")]
+    else:
+        files = sorted(glob.glob(os.path.join(ROOT, "tangram_sglang", "**", "*.py"), recursive=True)) + [profile]
+    return digest(*(open(f, "rb").read() if os.path.exists(f) else f for f in files))
+
+
+class RunStore:
+    """Recorded answers, one JSON line each, keyed by (model, setting, ratio, conversation, ids, version)."""
+
+    def __init__(self, path: str):
+        self.path, self.lock, self.rows = path, threading.Lock(), {}
+        if os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    if line.strip():
+                        row = json.loads(line)
+                        self.rows[row["key"]] = row
+
+    @staticmethod
+    def key(model, setting, ratio, conv: Conversation, version) -> str:
+        return "|".join([model, setting, f"{ratio:g}", conv.id, digest(json.dumps(conv.prompt)), version])
+
+    def add(self, row: dict) -> None:
+        with self.lock:
+            self.rows[row["key"]] = row
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+def chunk_schedule(conv: Conversation, chunk: int = CHUNK) -> list[int]:
+    """Compression chunks as served one request at a time: each turn's new tokens in [C, C, ..., rest]."""
+    sizes, prev = [], 0
+    for ids in conv.turns:
+        left = len(ids) - prev
+        while left > 0:
+            sizes.append(min(chunk, left))
+            left -= sizes[-1]
+        prev = len(ids)
+    return sizes
+
+
+# -- servers ----------------------------------------------------------------------------------------
+def post(url: str, payload: dict, timeout: float = 3600) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def run_session(url: str, conv: Conversation, max_new: int) -> dict:
+    cached = []
+    for i, ids in enumerate(conv.turns):
+        last = i == len(conv.turns) - 1
+        out = post(url + "/generate", {"input_ids": ids, "sampling_params": {
+            "temperature": 0, "max_new_tokens": max_new if last else 1}})
+        cached.append(out.get("meta_info", {}).get("cached_tokens"))
+    return {"answer_ids": list(out.get("output_ids") or []), "cached_tokens": cached}
+
+
+def run_server(setting, ratio, convs, args, store, model, model_path, version) -> None:
+    from tangram_sglang.server_process import ServerProcess
+
+    profile = os.path.join(ROOT, PROFILES[model]) if setting == "tangram" else None
+    extra = ["--max-total-tokens", str(args.max_total_tokens)] + (["--tangram-ratio", str(ratio)] if profile else [])
+    with ServerProcess(model_path, port=args.port, profile=profile, extra_args=extra,
+                       log_path=f"/tmp/fidelity-{setting}-{ratio:g}.log") as srv:
+        log(f"{setting} {ratio:g}: server up, {len(convs)} sessions, {args.concurrency} at a time")
+        done = [0]
+
+        def one(conv):
+            t0 = time.perf_counter()
+            res = run_session(srv.url, conv, args.max_new_tokens)
+            store.add(dict(key=RunStore.key(model, setting, ratio, conv, version), model=model, setting=setting,
+                           ratio=ratio, conv=conv.id, seconds=round(time.perf_counter() - t0, 2), **res))
+            done[0] += 1
+            log(f"  {setting} {ratio:g}: {done[0]}/{len(convs)} ({conv.id})")
+
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            list(pool.map(one, convs))
+        info = json.loads(urllib.request.urlopen(srv.url + "/server_info", timeout=120).read())
+        pool_info = (info["internal_states"][0].get("tangram") or {}).get("pool_info")
+        if pool_info:
+            store.add(dict(key=f"{model}|{setting}|{ratio:g}|pool|{version}", model=model, setting=setting,
+                           ratio=ratio, conv="pool", pool_info=pool_info))
+
+
+# -- dense oracle -----------------------------------------------------------------------------------
+def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tangram_sglang.profile import load_profile
+    from tangram_sglang.serving_reference import DynamicSelection, UniformSelection, reference_run
+
+    torch.set_num_threads(1)
+    prof = load_profile(os.path.join(ROOT, PROFILES[model]))
+    entry = prof.select(ratio)
+    if setting == "dynamic":
+        selection = DynamicSelection(ratio)
+    else:  # equal memory: the mean per-head budget the profile actually keeps
+        per_head = [entry.group_budget[l][g] for l, groups in enumerate(entry.groups) for g, hs in enumerate(groups)
+                    for _ in hs]
+        selection = UniformSelection(float(sum(per_head) / len(per_head)))
+    lm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    stop = {int(t) for t in ([lm.config.eos_token_id] if isinstance(lm.config.eos_token_id, int)
+                             else lm.config.eos_token_id or [])}
+    stop |= {int(AutoTokenizer.from_pretrained(model_path).eos_token_id)}
+    for i, conv in enumerate(convs):
+        t0 = time.perf_counter()
+        run = reference_run(lm, entry, heads_per_group=prof.heads_per_group, method=prof.calibration.method,
+                            prompt_ids=conv.prompt, max_new_tokens=args.max_new_tokens,
+                            chunk_tokens=chunk_schedule(conv), stop_ids=stop, selection=selection)
+        ids = run.tokens[:-1] if run.tokens and run.tokens[-1] in stop else run.tokens
+        hist = conv.history_len
+        kept = float(torch.stack([k[:, :hist].float().mean() for k in run.kept]).mean())
+        fact = [float(k[:, a:b].float().mean()) for k in run.kept for a, b in conv.fact_spans]
+        store.add(dict(key=RunStore.key(model, setting, ratio, conv, version), model=model, setting=setting,
+                       ratio=ratio, conv=conv.id, seconds=round(time.perf_counter() - t0, 2), answer_ids=ids,
+                       kept=kept, fact_kept=(sum(fact) / len(fact)) if fact else None))
+        log(f"  {setting} {ratio:g}: {i + 1}/{len(convs)} ({conv.id}, {time.perf_counter() - t0:.0f} s)")
+
+
+# -- kvpress ----------------------------------------------------------------------------------------
+def run_kvpress(setting, ratio, convs, args, store, model, model_path, version) -> None:
+    import subprocess
+
+    from kvpress_env import ensure_kvpress_env
+    from transformers import AutoTokenizer
+
+    python = ensure_kvpress_env()
+    tok = AutoTokenizer.from_pretrained(model_path)
+    work = f"/tmp/fidelity-kvpress-{model}"
+    os.makedirs(work, exist_ok=True)
+    inp, out = os.path.join(work, "in.jsonl"), os.path.join(work, f"{setting}-{ratio:g}-{version}.jsonl")
+    with open(inp, "w") as f:
+        for c in convs:
+            f.write(json.dumps({"id": c.id, "history_ids": c.prompt[:c.history_len],
+                                "question_ids": c.prompt[c.history_len:], "max_new_tokens": args.max_new_tokens,
+                                "stop_ids": [int(tok.eos_token_id)], "fact_spans": c.fact_spans}) + "\n")
+    press = setting[len("kvpress-"):]
+    subprocess.run([python, os.path.join(ROOT, "benchmarks", "kvpress_runner.py"), "--model-path", model_path,
+                    "--conversations", inp, "--setting", f"{press}:{ratio:g}", "--out", out, "--threads", "1"],
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    by_id = {c.id: c for c in convs}
+    with open(out) as f:
+        for row in map(json.loads, f):
+            conv = by_id.get(row["id"])
+            if conv is not None:
+                store.add(dict(key=RunStore.key(model, setting, ratio, conv, version), model=model,
+                               setting=setting, ratio=ratio, conv=conv.id, seconds=row["seconds"],
+                               answer_ids=row["answer_ids"], kept=row["kept"], fact_kept=row.get("fact_kept_share")))
+
+
+RUNNERS = {"full": run_server, "tangram": run_server, "dynamic": run_oracle, "uniform": run_oracle,
+           **{k: run_kvpress for k in KVPRESS}}
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="SmolLM2, 4 retrieval per kind, 2 replays, short docs")
+    ap.add_argument("--models", nargs="+", default=["smollm2", "qwen2.5-0.5b"], choices=sorted(PROFILES))
+    ap.add_argument("--settings", nargs="+", default=["full", "tangram", *ORACLE, *KVPRESS],
+                    choices=sorted(RUNNERS))
+    ap.add_argument("--ratios", nargs="+", type=float, default=[0.7, 0.5, 0.25])
+    ap.add_argument("--retrieval-per-kind", type=int, default=22, help="per passkey/needle/variable_tracking")
+    ap.add_argument("--replays-per-kind", type=int, default=8, help="per ShareGPT / MT-Bench")
+    ap.add_argument("--doc-tokens", type=int, default=600, help="tokens of each document (3 per conversation)")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=4, help="sessions in flight per server")
+    ap.add_argument("--max-total-tokens", type=int, default=32768, help="stock KV tokens (Tangram: same bytes)")
+    ap.add_argument("--port", type=int, default=31200)
+    ap.add_argument("--limit", type=int, default=0, help="run at most this many new conversations per setting")
+    ap.add_argument("--runs", default=os.path.join(ROOT, "benchmarks", "results", "fidelity_runs.jsonl"))
+    ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.models, args.retrieval_per_kind, args.replays_per_kind, args.doc_tokens = ["smollm2"], 4, 2, 350
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    from models import ensure_model
+    from transformers import AutoTokenizer
+
+    store = RunStore(args.runs)
+    tables = []
+    for model in args.models:
+        model_path = ensure_model(model)
+        tok = AutoTokenizer.from_pretrained(model_path)
+        convs = build_conversations(tok, retrieval_per_kind=args.retrieval_per_kind,
+                                    replay_per_kind=args.replays_per_kind, doc_tokens=args.doc_tokens)
+        log(f"{model}: {len(convs)} conversations, {min(len(c.prompt) for c in convs)}-"
+            f"{max(len(c.prompt) for c in convs)} tokens")
+        profile = os.path.join(ROOT, PROFILES[model])
+        if not os.path.exists(profile):
+            log(f"{model}: no profile {PROFILES[model]}: only full KV and kvpress run")
+        for setting in args.settings:
+            if setting not in ("full", *KVPRESS) and not os.path.exists(profile):
+                continue
+            version = code_version(setting, profile)
+            for ratio in ([1.0] if setting == "full" else args.ratios):
+                todo = [c for c in convs if RunStore.key(model, setting, ratio, c, version) not in store.rows]
+                if args.limit:
+                    todo = todo[: args.limit]
+                if todo and not args.report_only:
+                    log(f"{model} {setting} {ratio:g}: {len(todo)} to run")
+                    RUNNERS[setting](setting, ratio, todo, args, store, model, model_path, version)
+        tables.append((model, convs, {s: code_version(s, profile) for s in args.settings}))
+    write_report(store, tables, args, tok_of={m: AutoTokenizer.from_pretrained(ensure_model(m)) for m in args.models})
+
+
+if __name__ == "__main__":
+    main()

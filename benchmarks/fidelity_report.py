@@ -1,0 +1,151 @@
+"""Tables and the Figure-9-style plot of the fidelity benchmark (from recorded answers only)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from fidelity_score import score, wilson
+
+
+def _rows_for(store, model, setting, ratio, convs, version):
+    from fidelity import RunStore
+
+    out = {}
+    for c in convs:
+        row = store.rows.get(RunStore.key(model, setting, ratio, c, version))
+        if row is not None:
+            out[c.id] = row
+    return out
+
+
+def _profile_kept(model: str) -> dict:
+    """Kept share of the served profile per ratio: the mean per-head group budget (chunk rounding aside)."""
+    from fidelity import PROFILES, ROOT
+
+    from tangram_sglang.profile import load_profile
+
+    path = os.path.join(ROOT, PROFILES[model])
+    if not os.path.exists(path):
+        return {}
+    prof = load_profile(path)
+    out = {}
+    for e in prof.entries:
+        per_head = [e.group_budget[l][g] for l, groups in enumerate(e.groups) for g, hs in enumerate(groups)
+                    for _ in hs]
+        out[round(e.ratio, 4)] = float(sum(per_head) / len(per_head))
+    return out
+
+
+def summarize(store, model, convs, versions, ratios, settings, tok) -> list[dict]:
+    full_rows = _rows_for(store, model, "full", 1.0, convs, versions.get("full", ""))
+    full_ids = {cid: r["answer_ids"] for cid, r in full_rows.items()}
+    prof_kept = _profile_kept(model)
+    by_conv = {c.id: c.to_json() for c in convs}
+    out = []
+    for setting in settings:
+        for ratio in ([1.0] if setting == "full" else ratios):
+            rows = _rows_for(store, model, setting, ratio, convs, versions[setting])
+            if not rows:
+                continue
+            scored = []
+            for cid, r in rows.items():
+                text = tok.decode(r["answer_ids"], skip_special_tokens=True)
+                scored.append({**score(by_conv[cid], r["answer_ids"], text, full_ids.get(cid)),
+                               "retrieval": bool(by_conv[cid]["expect"])})
+            judged = [s for s in scored if s["correct"] is not None]
+            ret = [s for s in judged if s["retrieval"]]
+            rep = [s for s in judged if not s["retrieval"]]
+            k = sum(s["correct"] for s in judged)
+            kept = [r["kept"] for r in rows.values() if r.get("kept") is not None]
+            facts = [r["fact_kept"] for r in rows.values() if r.get("fact_kept") is not None]
+            pool = store.rows.get(f"{model}|{setting}|{ratio:g}|pool|{versions[setting]}")
+            if setting == "full":
+                kept_share = 1.0
+            elif kept:
+                kept_share = sum(kept) / len(kept)
+            else:
+                kept_share = prof_kept.get(round(ratio, 4))
+            out.append(dict(
+                model=model, setting=setting, ratio=ratio, n=len(scored), judged=len(judged), correct=k,
+                accuracy=k / len(judged) if judged else None, ci95=wilson(k, len(judged)),
+                retrieval_correct=sum(s["correct"] for s in ret), retrieval_n=len(ret),
+                replay_agree=sum(s["correct"] for s in rep), replay_n=len(rep),
+                degenerate=sum(s["degenerate"] for s in scored), kept_share=kept_share,
+                fact_kept=(sum(facts) / len(facts)) if facts else None,
+                saved_vs_full_kv=pool["pool_info"]["saved_vs_full_kv"] if pool else None))
+    return out
+
+
+def markdown(summary: list[dict], cmd: str) -> str:
+    lines = [f"`{cmd}`", "",
+             "| model | setting | ratio | kept share | accuracy [95% CI] | retrieval | replay agreement "
+             "| degenerate | fact tokens kept | pool saved vs full KV |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        acc = "-" if s["accuracy"] is None else \
+            f"{100 * s['accuracy']:.0f}% [{100 * s['ci95'][0]:.0f}, {100 * s['ci95'][1]:.0f}] ({s['correct']}/{s['judged']})"
+        fact = "-" if s["fact_kept"] is None else f"{100 * s['fact_kept']:.0f}%"
+        saved = "-" if s["saved_vs_full_kv"] is None else f"{100 * s['saved_vs_full_kv']:.0f}%"
+        kept = "-" if s["kept_share"] is None else f"{100 * s['kept_share']:.0f}%"
+        lines.append(f"| {s['model']} | {s['setting']} | {s['ratio']:g} | {kept} | {acc} "
+                     f"| {s['retrieval_correct']}/{s['retrieval_n']} | {s['replay_agree']}/{s['replay_n']} "
+                     f"| {s['degenerate']}/{s['n']} | {fact} | {saved} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: list[dict], path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    models = sorted({s["model"] for s in summary})
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        rows = [s for s in summary if s["model"] == model and s["accuracy"] is not None]
+        for setting in dict.fromkeys(s["setting"] for s in rows):
+            pts = sorted((s["kept_share"], s["accuracy"], s) for s in rows
+                         if s["setting"] == setting and s["kept_share"] is not None)
+            if setting == "full" and pts:
+                ax.axhline(100 * pts[0][1], color="black", ls="--", lw=1, label="full KV (stock SGLang)")
+                continue
+            xs, ys = [100 * p[0] for p in pts], [100 * p[1] for p in pts]
+            ax.plot(xs, ys, marker="o", label=setting)
+            for x, y, (_, _, s) in zip(xs, ys, pts):
+                if s["degenerate"]:
+                    ax.annotate(f"{s['degenerate']} deg.", (x, y), fontsize=7, xytext=(3, -9),
+                                textcoords="offset points")
+                if s["saved_vs_full_kv"] is not None:
+                    ax.annotate(f"saves {100 * s['saved_vs_full_kv']:.0f}%", (x, y), fontsize=7,
+                                xytext=(3, 4), textcoords="offset points")
+        ax.set_xlabel("KV kept (% of full)")
+        ax.set_ylabel("multi-turn accuracy (%)")
+        ax.set_title(f"{model}: accuracy vs kept share")
+        ax.set_ylim(-2, 102)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(store, tables, args, tok_of) -> None:
+    import sys
+
+    summary = []
+    for model, convs, versions in tables:
+        summary += summarize(store, model, convs, versions, args.ratios, args.settings, tok_of[model])
+    cmd = "python benchmarks/fidelity.py " + " ".join(sys.argv[1:])
+    stem = "fidelity_quick" if args.quick else "fidelity"
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, stem + ".json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    md = markdown(summary, cmd.strip())
+    with open(os.path.join(args.out_dir, stem + ".md"), "w") as f:
+        f.write(md)
+    plot(summary, os.path.join(args.out_dir, stem + ".png"))
+    print(md)
