@@ -173,7 +173,8 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
         t0 = time.perf_counter()
         run = reference_run(lm, entry, heads_per_group=prof.heads_per_group, method=prof.calibration.method,
                             prompt_ids=conv.prompt, max_new_tokens=args.max_new_tokens,
-                            chunk_tokens=chunk_schedule(conv), stop_ids=stop, selection=selection)
+                            chunk_tokens=chunk_schedule(conv), stop_ids=stop, selection=selection,
+                            turn_ends=[len(t) for t in conv.turns])
         ids = run.tokens[:-1] if run.tokens and run.tokens[-1] in stop else run.tokens
         hist = conv.history_len
         kept = float(torch.stack([k[:, :hist].float().mean() for k in run.kept]).mean())

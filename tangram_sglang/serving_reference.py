@@ -34,6 +34,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .budgets import keep_count
+from .protection import PROTECTED_SCORE, Protection, chunk_protection, protect_scores
 from .scorers import ScorerState, get_scorer
 from .selection import global_topk_mask
 
@@ -158,11 +159,11 @@ class ProfileSelection:
     def __init__(self, entry):
         self.entry = entry
 
-    def kept_mask(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
-        """scores float [H, n] -> bool [H, n]."""
+    def kept_mask(self, layer: int, scores: torch.Tensor, floor: int = 0) -> torch.Tensor:
+        """scores float [H, n] (protected positions already raised), floor: protected tokens -> bool [H, n]."""
         num_heads, n = scores.shape
         counts = head_keep_counts(self.entry.group_budget[layer], self.entry.groups[layer], num_heads, n)
-        return _mask_of_counts(scores, counts)
+        return _mask_of_counts(scores, [max(c, floor) for c in counts])
 
 
 class DynamicSelection:
@@ -171,8 +172,9 @@ class DynamicSelection:
     def __init__(self, ratio: float):
         self.ratio = float(ratio)
 
-    def kept_mask(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
-        return global_topk_mask(torch.clamp(scores.float(), min=torch.finfo(torch.float32).min), self.ratio)
+    def kept_mask(self, layer: int, scores: torch.Tensor, floor: int = 0) -> torch.Tensor:
+        mask = global_topk_mask(torch.clamp(scores.float(), min=torch.finfo(torch.float32).min), self.ratio)
+        return mask | (scores >= PROTECTED_SCORE)
 
 
 class UniformSelection:
@@ -181,9 +183,9 @@ class UniformSelection:
     def __init__(self, ratio: float):
         self.ratio = float(ratio)
 
-    def kept_mask(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
+    def kept_mask(self, layer: int, scores: torch.Tensor, floor: int = 0) -> torch.Tensor:
         num_heads, n = scores.shape
-        return _mask_of_counts(scores, [int(keep_count(self.ratio, n))] * num_heads)
+        return _mask_of_counts(scores, [max(int(keep_count(self.ratio, n)), floor)] * num_heads)
 
 
 def _mask_of_counts(scores: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -196,7 +198,8 @@ def _mask_of_counts(scores: torch.Tensor, counts: list[int]) -> torch.Tensor:
 class _DenseTangram:
     """The model run layer by layer with per-head kept masks (see module docstring)."""
 
-    def __init__(self, model, entry, heads_per_group: int, method: str, selection=None):
+    def __init__(self, model, entry, heads_per_group: int, method: str, selection=None,
+                 protection: Protection = Protection(), turn_ends: tuple[int, ...] = ()):
         self.model = model
         self.inner = model.model
         cfg = model.config
@@ -207,6 +210,7 @@ class _DenseTangram:
         check_entry(entry, heads_per_group, num_layers, self.num_kv)
         self.entry = entry
         self.selection = selection or ProfileSelection(entry)
+        self.protection, self.turn_ends = protection, sorted(turn_ends)
         self.scorer = get_scorer(method)
         self.cache = [LayerKV.empty(self.num_kv, self.head_dim) for _ in range(num_layers)]
         self.states = [ScorerState() for _ in range(num_layers)]
@@ -228,7 +232,11 @@ class _DenseTangram:
         scores = self.scorer.score(q, k, v, state)
         if torch.isnan(scores).any():
             raise ValueError("scorer returned NaN")
-        self.cache[layer].kept[:, start:start + k.shape[0]] = self.selection.kept_mask(layer, scores)
+        n = k.shape[0]
+        prompt_end = next((t for t in self.turn_ends if t >= start + n), start + n)
+        protect = chunk_protection(self.protection, start, [n], prompt_end)
+        scores = protect_scores(scores.float().clone()[None], [n], protect)[0]
+        self.cache[layer].kept[:, start:start + n] = self.selection.kept_mask(layer, scores, sum(protect[0]))
 
     def forward(self, ids: list[int], start: int, compress: bool) -> torch.Tensor:
         """Run tokens at positions start .. start + n - 1; returns logits float32 [V] of the last.
@@ -257,16 +265,20 @@ class _DenseTangram:
 @torch.no_grad()
 def reference_run(model, entry, *, heads_per_group: int, method: str, prompt_ids: list[int],
                   max_new_tokens: int, chunk_tokens: list[int] | None = None, chunk_size: int = 512,
-                  stop_ids: set[int] | frozenset = frozenset(), selection=None) -> ReferenceRun:
+                  stop_ids: set[int] | frozenset = frozenset(), selection=None,
+                  protection: Protection = Protection(), turn_ends=None) -> ReferenceRun:
     """reference_generate, also returning the kept masks and chunk bounds (see ReferenceRun).
 
     selection: ProfileSelection(entry) (the default: what the server does), DynamicSelection
-    or UniformSelection.
+    or UniformSelection. protection: sinks and newest prompt tokens every head keeps (as served).
+    turn_ends: for a multi-turn prompt, where each turn's request ended (the newest tokens of each
+    are protected, as the server did when it served that turn); default [len(prompt_ids)].
     """
     if not prompt_ids:
         raise ValueError("prompt_ids is empty")
     chunks = chunk_bounds(len(prompt_ids), chunk_tokens, chunk_size)
-    run = _DenseTangram(model, entry, heads_per_group, method, selection)
+    ends = tuple(turn_ends or ()) + (len(prompt_ids),)
+    run = _DenseTangram(model, entry, heads_per_group, method, selection, protection, ends)
     for s, e in chunks:
         logits = run.forward(prompt_ids[s:e], s, compress=True)
     prompt_logits, tokens = logits, []
@@ -282,15 +294,17 @@ def reference_run(model, entry, *, heads_per_group: int, method: str, prompt_ids
 
 def reference_generate(model, entry, *, heads_per_group: int, method: str, prompt_ids: list[int],
                        max_new_tokens: int, chunk_tokens: list[int] | None = None,
-                       chunk_size: int = 512, stop_ids: set[int] | frozenset = frozenset()) -> list[int]:
+                       chunk_size: int = 512, stop_ids: set[int] | frozenset = frozenset(),
+                       protection: Protection = Protection(), turn_ends=None) -> list[int]:
     """Greedy tokens the server must produce for this prompt (float32).
 
     model: HF LlamaForCausalLM / Qwen2ForCausalLM, float32, eval. entry: a
     profile RatioEntry (budgets [L, H], groups, group_budget beta [L, G]).
     method: scorer name (scorers.get_scorer). The prompt is compressed in
-    chunks of chunk_tokens (summing to len(prompt_ids)) or of chunk_size.
-    Stops after max_new_tokens or at a token in stop_ids (included).
+    chunks of chunk_tokens (summing to len(prompt_ids)) or of chunk_size,
+    keeping the protected tokens (reference_run). Stops after max_new_tokens
+    or at a token in stop_ids (included).
     """
     return reference_run(model, entry, heads_per_group=heads_per_group, method=method, prompt_ids=prompt_ids,
                          max_new_tokens=max_new_tokens, chunk_tokens=chunk_tokens, chunk_size=chunk_size,
-                         stop_ids=stop_ids).tokens
+                         stop_ids=stop_ids, protection=protection, turn_ends=turn_ends).tokens

@@ -143,3 +143,22 @@ def test_out_loc_size_checked():
     with pytest.raises(ValueError):
         compress_and_write(x, x, x, torch.tensor([0, 3]), KeyNormScorer(), None, meta, torch.tensor([[3]]),
                            torch.arange(2), torch.zeros(4, 1, 1, 4), torch.zeros(4, 1, 1, 4))
+
+
+def test_protected_runs_are_kept_by_every_head():
+    """Leading (sinks) and trailing (newest) runs survive whatever the scorer says."""
+    meta = build_layer_meta([[0, 1], [2]], num_q_heads=3, num_kv_heads=3, heads_per_group=2,
+                            group_budget=[0.2, 0.1])
+    lens, d = [20, 9], 8
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, cu = _chunk(lens, 3, 3, d, gen)
+    protect = [(3, 5), (0, 9)]
+    floor = torch.tensor([[a + b] for a, b in protect])
+    keep = torch.maximum(group_keep_counts(meta, lens), floor)
+    plane = _Plane(meta, 2, 20, 4, d, seed=3)
+    loc = slot_locs(plane.table, plane.seq_lens, keep, 4)
+    kept = compress_and_write(q, k, v, cu, KeyNormScorer(), None, meta, keep, loc, plane.k_pages, plane.v_pages,
+                              protect=protect)
+    for h in range(3):
+        assert set(range(3)) | set(range(15, 20)) <= set(kept[0, h].tolist())
+        assert kept[1, h, :9].tolist() == list(range(9))

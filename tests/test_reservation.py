@@ -25,6 +25,32 @@ def test_chunk_slots_use_keep_count():
     assert got[0].tolist() == [1, 3, 7, 10, 1]  # 0.3 * 10 == 3 exactly, not 4
 
 
+def test_protected_tokens_raise_the_counts():
+    beta = np.array([0.1, 0.5])
+    got = chunk_slot_counts(beta, [100, 40], min_keep=[4, 30])
+    assert got.tolist() == [[10, 50], [30, 30]]
+    plan = plan_reservation(beta, [100, 40], page_size=16, min_keep=[4, 30])
+    assert plan.prefill_slots.tolist() == [40, 80]
+    with pytest.raises(ValueError):
+        chunk_slot_counts(beta, [10], min_keep=[11])
+    with pytest.raises(ValueError):
+        chunk_slot_counts(beta, [10, 5], min_keep=[1])
+
+
+def test_protected_tokens_reserved_equals_used():
+    from tangram_sglang.pool import PoolSpec, RaggedKVCache
+
+    spec = PoolSpec(num_layers=2, num_groups=2, heads_per_group=1, head_dim=4, page_size=4, num_pages=64,
+                    dtype="float32")
+    cache = RaggedKVCache(spec, np.array([[0.1, 0.5], [0.25, 1.0]]))
+    adm = cache.admit("a", chunk_tokens=[20, 9], decode_tokens=2, min_keep=[4, 9])
+    for n in adm.plan.chunk_tokens:
+        w = cache.prefill_chunk("a", n)
+    assert w.counts.ravel().tolist() == [9, 9, 9, 9]
+    assert cache.request_pages_taken("a").tolist() == adm.plan.prefill_pages.tolist()
+    cache.check_integrity()
+
+
 def test_prefix_copy_vs_in_place():
     beta = np.array([0.5, 0.5])
     kw = dict(page_size=4, prefix_slots=np.array([6, 6]))

@@ -3,10 +3,10 @@
 * every budget 1.0 (ragged pool, Tangram backend, segment tree): the same greedy
   tokens as stock SGLang;
 * ratio < 1: the same greedy tokens as serving_reference.reference_generate, the
-  dense torch oracle applying the same per-head compression chunk by chunk.
-  Requests go one at a time so each prompt's chunk schedule is [512, 512, ..., rest]
-  (batched, SGLang may split a prompt's first chunk to share a prefill pass; the
-  oracle can take any schedule, the test keeps it simple).
+  dense torch oracle applying the same per-head compression chunk by chunk
+  (schedule [512, 512, ..., rest], sinks and newest tokens protected), whether
+  the prompts arrive one at a time or together in one batch: what is kept for a
+  prompt does not depend on what SGLang batched with it.
 """
 
 import atexit
@@ -31,12 +31,17 @@ def _prompts(model_path):
     return [tok.encode("The capital of France is"), ids[100:600], ids[2000:3100]]
 
 
-def _serve(model_path, prompts, **kwargs):
+def _serve(model_path, prompts, batched=False, **kwargs):
+    """Greedy outputs of the prompts sent one at a time (and, with batched, then all at once
+    after a cache flush), and the Tangram info."""
     engine = sglang.Engine(model_path=model_path, skip_tokenizer_init=True, dtype="float32",
                            max_total_tokens=8192, log_level="error", **kwargs)
     try:
         params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
         outs = [engine.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
+        if batched:
+            assert engine.flush_cache().success
+            outs = (outs, [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)])
         info = engine.get_server_info()["internal_states"][0].get("tangram")
     finally:
         engine.shutdown()
@@ -67,12 +72,14 @@ def test_compressed_serving_matches_torch_reference(smollm2_path, prompts, metho
     from tangram_sglang.serving_reference import reference_generate
 
     path = REPO_CONFIGS / f"smollm2-{method}.yaml"
-    served, info = _serve(smollm2_path, prompts, tangram_profile=str(path), tangram_ratio=ratio)
+    (served, batched), info = _serve(smollm2_path, prompts, batched=True, tangram_profile=str(path),
+                                     tangram_ratio=ratio)
     pool = info["pool_info"]
     assert info["ratio"] == ratio and pool["integrity"] == "ok" and pool["saved_vs_full_kv"] > 0
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
     entry = load_profile(str(path)).select(ratio)
-    for prompt, out in zip(prompts, served):
+    for prompt, out, out_batched in zip(prompts, served, batched):
         ref = reference_generate(model, entry, heads_per_group=1, method=method, prompt_ids=prompt,
                                  max_new_tokens=NEW_TOKENS)
         assert out == ref, f"{len(prompt)}-token prompt"
+        assert out_batched == ref, f"{len(prompt)}-token prompt, batched"

@@ -11,8 +11,10 @@ from tangram_sglang.budgets import keep_count
 from tangram_sglang.profile import ModelShape, load_profile
 from tangram_sglang.profile_builder import make_entry
 from tangram_sglang.selection import per_head_topk_indices
+from tangram_sglang.protection import NONE, Protection, chunk_protection
 from tangram_sglang.serving_reference import (
-    allowed_keys, chunk_bounds, masked_attention, reference_generate, reference_run, top_positions,
+    DynamicSelection, UniformSelection, allowed_keys, chunk_bounds, masked_attention, reference_generate,
+    reference_run, top_positions,
 )
 from tangram_sglang.uniform_profile import uniform_profile
 
@@ -60,17 +62,20 @@ def smollm2(request):
 
 def generate(model, entry, prompt, **kw):
     kw.setdefault("max_new_tokens", NEW_TOKENS)
+    kw.setdefault("protection", NONE)  # compression mechanics; protection has its own tests
     return reference_generate(model, entry, heads_per_group=1, method=kw.pop("method", "snapkv"),
                               prompt_ids=prompt, **kw)
 
 
-def assert_keep_counts(run, entry):
-    """Per layer, chunk and head: exactly keep_count(beta of its group, n) kept; decode all kept."""
+def assert_keep_counts(run, entry, protection=NONE):
+    """Per layer, chunk and head: exactly max(keep_count(beta of its group, n), protected) kept;
+    decode all kept."""
     prompt_len = run.chunks[-1][1]
     for layer, kept in enumerate(run.kept):
         for s, e in run.chunks:
+            floor = sum(chunk_protection(protection, s, [e - s], prompt_len)[0])
             for g, group in enumerate(entry.groups[layer]):
-                want = int(keep_count(entry.group_budget[layer, g], e - s))
+                want = max(int(keep_count(entry.group_budget[layer, g], e - s)), floor)
                 for h in group:
                     assert int(kept[h, s:e].sum()) == want, (layer, (s, e), h)
         assert bool(kept[:, prompt_len:].all())
@@ -100,7 +105,7 @@ def test_kept_counts_per_head_per_chunk(tiny, heads_per_group):
     model, prompts, _ = tiny
     entry = entry_with_budgets([[0.25, 0.6], [0.5, 0.3]], heads_per_group)
     run = reference_run(model, entry, heads_per_group=heads_per_group, method="keydiff", prompt_ids=prompts[3],
-                        max_new_tokens=4, chunk_size=8)
+                        max_new_tokens=4, chunk_size=8, protection=NONE)
     assert run.chunks[-1] == (56, 57) and len(run.chunks) == 8
     assert_keep_counts(run, entry)
     assert all(state.tokens_seen == len(prompts[3]) for state in run.states)
@@ -115,7 +120,8 @@ def test_chunks_that_keep_everything_reproduce_full_attention(tiny):
     # keep_count(0.5, 1) = 1: one-token chunks keep every token
     assert generate(model, entry, prompt, chunk_tokens=[1] * len(prompt)) == hf[1]
     # one chunk: nothing is compressed before the first token is chosen
-    run = reference_run(model, entry, heads_per_group=1, method="snapkv", prompt_ids=prompt, max_new_tokens=1)
+    run = reference_run(model, entry, heads_per_group=1, method="snapkv", prompt_ids=prompt, max_new_tokens=1,
+                        protection=NONE)
     full = model(torch.tensor([prompt])).logits[0, -1]
     torch.testing.assert_close(run.prompt_logits, full, rtol=1e-4, atol=1e-4)
     assert run.tokens == hf[1][:1]
@@ -134,7 +140,7 @@ def test_smollm2_snapkv_profile_ratio_025(smollm2):
     profile = load_profile(str(REPO / "configs" / "smollm2-snapkv.yaml"))
     entry = profile.select(0.25)
     run = reference_run(model, entry, heads_per_group=profile.heads_per_group, method="snapkv", prompt_ids=ids,
-                        max_new_tokens=8, chunk_size=8)
+                        max_new_tokens=8, chunk_size=8, protection=NONE)
     assert_keep_counts(run, entry)
     full = generate(model, uniform_entry(model, 1.0), ids, chunk_size=8, max_new_tokens=8)
     assert run.tokens != full
@@ -202,7 +208,7 @@ def test_one_layer_model_last_row_by_hand(tmp_path):
     prompt = [3, 9, 27, 17, 51, 42, 11, 5, 60, 8, 33, 2]
     entry = uniform_entry(model, 0.5)
     run = reference_run(model, entry, heads_per_group=1, method="keydiff", prompt_ids=prompt, max_new_tokens=1,
-                        chunk_tokens=[5, 4, 3])
+                        chunk_tokens=[5, 4, 3], protection=NONE)
     kept = run.kept[0]
     assert kept[:, :9].sum(dim=1).tolist() == [3 + 2, 3 + 2]  # ceil(.5*5) + ceil(.5*4) per head
 
@@ -245,3 +251,62 @@ def test_full_budget_matches_hf_greedy_tiny_qwen2():
     want = model.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8,
                           do_sample=False)[0, len(prompt):].tolist()
     assert generate(model, uniform_entry(model, 1.0), prompt, chunk_size=6, max_new_tokens=8) == want
+
+
+# --- protected tokens and the benchmark's selection policies ----------------------------------
+
+def test_sinks_and_newest_are_kept_by_every_head(tiny):
+    model, prompts, _ = tiny
+    entry = entry_with_budgets([[0.1, 0.2], [0.15, 0.1]], 1)
+    prot = Protection(sinks=3, newest=10)
+    run = reference_run(model, entry, heads_per_group=1, method="keydiff", prompt_ids=prompts[3],
+                        max_new_tokens=2, chunk_size=8, protection=prot)
+    n = len(prompts[3])
+    for kept in run.kept:
+        assert bool(kept[:, :3].all()) and bool(kept[:, n - 10:n].all())
+    assert_keep_counts(run, entry, prot)
+
+
+def test_newest_of_every_turn_are_protected(tiny):
+    """A multi-turn prompt: each turn's request protected its own newest tokens when it was served."""
+    model, prompts, _ = tiny
+    entry = entry_with_budgets([[0.1, 0.2], [0.15, 0.1]], 1)
+    prot = Protection(sinks=0, newest=4)
+    ids = prompts[3]
+    run = reference_run(model, entry, heads_per_group=1, method="keydiff", prompt_ids=ids, max_new_tokens=1,
+                        chunk_tokens=[8, 12, 8, len(ids) - 28], turn_ends=[20], protection=prot)
+    for kept in run.kept:
+        assert bool(kept[:, 16:20].all()) and bool(kept[:, len(ids) - 4:].all())
+
+
+def test_chunk_protection_runs():
+    p = Protection(sinks=4, newest=64)
+    assert chunk_protection(p, 0, [512, 88], 600) == [(4, 0), (0, 64)]
+    assert chunk_protection(p, 520, [80], 600) == [(0, 64)]
+    assert chunk_protection(p, 0, [2, 30, 40], 72) == [(2, 0), (2, 24), (0, 40)]  # newest from 8
+    assert chunk_protection(Protection(4, 10), 0, [6], 6) == [(4, 2)]  # overlap counted once
+    with pytest.raises(ValueError):
+        Protection(sinks=-1)
+
+
+def test_dynamic_selection_is_a_global_topk_per_chunk(tiny):
+    model, prompts, _ = tiny
+    entry = uniform_entry(model, 1.0)
+    run = reference_run(model, entry, heads_per_group=1, method="keydiff", prompt_ids=prompts[3], max_new_tokens=1,
+                        chunk_size=8, protection=NONE, selection=DynamicSelection(0.3))
+    heads = run.kept[0].shape[0]
+    for kept in run.kept:
+        for s, e in run.chunks:
+            assert int(kept[:, s:e].sum()) == int(keep_count(0.3, heads * (e - s)))
+    counts = {tuple(k[:, 0:8].sum(1).tolist()) for k in run.kept}
+    assert len(counts) > 1  # heads share a layer's budget unevenly
+
+
+def test_uniform_selection_keeps_the_same_count_per_head(tiny):
+    model, prompts, _ = tiny
+    entry = uniform_entry(model, 1.0)
+    run = reference_run(model, entry, heads_per_group=1, method="keydiff", prompt_ids=prompts[3], max_new_tokens=1,
+                        chunk_size=8, protection=NONE, selection=UniformSelection(0.3))
+    for kept in run.kept:
+        for s, e in run.chunks:
+            assert kept[:, s:e].sum(1).tolist() == [int(keep_count(0.3, e - s))] * kept.shape[0]

@@ -16,6 +16,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParam
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
+from tangram_sglang.protection import Protection
 from tangram_sglang.serving.memory import TangramAllocator
 from tangram_sglang.serving.radix import TangramRadixCache
 from tangram_sglang.serving.runtime import TangramServing
@@ -56,6 +57,7 @@ def build(stock_tokens=700, chunk=24, seed=0):
     logical = serving.build_pool(cfg, stock_tokens=stock_tokens, dtype=torch.float32, device="cpu",
                                  page_size=16, num_q_heads=9)
     serving.chunk = chunk
+    serving.protection = Protection(sinks=2, newest=6)  # to scale with the 24-token chunks
     rows = Row(64)
     alloc = TangramAllocator(logical, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
     tree = TangramRadixCache(CacheInitParams(disable=False, req_to_token_pool=rows,

@@ -7,8 +7,9 @@ head of a group keeps the group's count, so the pool's reservation and the
 written slots agree), and only those K/V are written, in position order, into
 the slots reserved for them.
 
-Tie rule (as tangram_sglang.selection): among equal scores the later position
-wins. Selection is vectorized over the batch; the scorer is called once per
+Protected tokens (sinks, a prompt's newest tokens: tangram_sglang.protection)
+score above everything, so they are kept first. Tie rule (as
+tangram_sglang.selection): among equal scores the later position wins. Selection is vectorized over the batch; the scorer is called once per
 request (its contract is one sequence at a time).
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from ..budgets import keep_count
+from ..protection import protect_scores
 from .kv_write import write_kept_kv
 from .layer_meta import LayerMeta
 from .prefill_reference import pad_index
@@ -72,7 +74,7 @@ def select_kept(scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
 
 def compress_and_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                        scorer, states, meta: LayerMeta, keep: torch.Tensor, out_loc: torch.Tensor,
-                       k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+                       k_pages: torch.Tensor, v_pages: torch.Tensor, protect=None) -> torch.Tensor:
     """Score each chunk, keep each head's top k_g(n) tokens, write them to out_loc.
 
     Parameters
@@ -82,6 +84,8 @@ def compress_and_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
     meta : LayerMeta; keep : int64 [B, G], slots per head of (b, g) (group_keep_counts).
     out_loc : int64 [sum(keep)], the reserved flat slots in (b, g, j) order (slot_locs).
     k_pages, v_pages : [num_pages, P, H_p, d], written in place.
+    protect : [(lead, trail)] * B or None: each chunk's leading and trailing runs every head
+        keeps (tangram_sglang.protection); keep must already count them.
 
     Returns
     -------
@@ -92,6 +96,8 @@ def compress_and_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
     if out_loc.numel() != expected:
         raise ValueError(f"out_loc has {out_loc.numel()} slots, keep counts need {expected}")
     scores = score_chunks(scorer, q, k, v, cu_seqlens, states)
+    if protect is not None:
+        protect_scores(scores, (cu_seqlens[1:] - cu_seqlens[:-1]).tolist(), protect)
     per_head = keep[:, meta.group_of_head]  # [B, H]
     kept = select_kept(scores, per_head)
     _, _, n_max = pad_index(cu_seqlens)

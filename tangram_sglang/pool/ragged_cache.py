@@ -2,7 +2,8 @@
 
 Life of a request (all per-v work is vectorized over the V = L * G virtual layers):
 
-    adm = cache.admit(rid, chunk_tokens=[512, 512, 100], decode_tokens=64, prefix=chain)
+    adm = cache.admit(rid, chunk_tokens=[512, 512, 100], decode_tokens=64, prefix=chain,
+                      min_keep=[4, 0, 64])             # protected tokens per chunk (optional)
     # None -> not enough free pages now: wait. RequestTooLargeError -> never fits.
     data.copy_pages(adm.copy_src, adm.copy_dst)       # prefix tails copied, if any
     for n in adm.plan.chunk_tokens:
@@ -114,7 +115,7 @@ class RaggedKVCache:
         return self.requests[rid]
 
     # -- admission -------------------------------------------------------------------------------
-    def admit(self, rid, *, chunk_tokens, decode_tokens: int = 0, prefix=()) -> Admission | None:
+    def admit(self, rid, *, chunk_tokens, decode_tokens: int = 0, prefix=(), min_keep=None) -> Admission | None:
         if rid in self.requests:
             raise PoolError(f"request {rid!r} is already admitted")
         P, V = self.spec.page_size, self.spec.num_virtual
@@ -126,7 +127,7 @@ class RaggedKVCache:
         partial = lens % P != 0
         in_place = partial & (self.pool.fill[last] == lens % P)
         plan = plan_reservation(self.beta, chunk_tokens, page_size=P, decode_tokens=decode_tokens,
-                                prefix_slots=lens, extend_in_place=in_place)
+                                prefix_slots=lens, extend_in_place=in_place, min_keep=min_keep)
         if plan.total_pages > self.spec.num_pages:
             raise RequestTooLargeError(
                 f"request {rid!r} needs {plan.total_pages} pages ({len(plan.chunk_tokens)} chunks, "

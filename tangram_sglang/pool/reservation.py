@@ -2,11 +2,13 @@
 
 Every chunk of n new tokens leaves keep_count(beta_v, n) = ceil(beta_v * n)
 slots in virtual layer v (the same count the attention side keeps, from
-tangram_sglang.budgets). Generated tokens are not compressed: one slot per
-token per v. Slots of a request are dense (prefix, then chunks, then decode),
+tangram_sglang.budgets), or more where the chunk holds protected tokens
+(sinks, the prompt's newest tokens: tangram_sglang.protection): then
+max(keep_count(beta_v, n), min_keep_c) slots. Generated tokens are not
+compressed: one slot per token per v. Slots of a request are dense (prefix, then chunks, then decode),
 so after all chunks virtual layer v holds
 
-    prefill_slots[v] = prefix_slots[v] + sum_c keep_count(beta_v, n_c)
+    prefill_slots[v] = prefix_slots[v] + sum_c max(keep_count(beta_v, n_c), min_keep_c)
 
 and the request needs, besides the prefix pages it shares,
 
@@ -58,17 +60,24 @@ class ReservationPlan:
         return int(self.prefill_pages.sum() + self.decode_pages.sum())
 
 
-def chunk_slot_counts(beta: np.ndarray, chunk_tokens) -> np.ndarray:
-    """keep_count for every (chunk, v) at once. beta float [V] -> int64 [C, V]."""
+def chunk_slot_counts(beta: np.ndarray, chunk_tokens, min_keep=None) -> np.ndarray:
+    """Slots every (chunk, v) keeps. beta float [V]; min_keep int [C] protected tokens per chunk
+    (default none) -> int64 [C, V] = max(keep_count(beta_v, n_c), min_keep_c)."""
     chunks = np.asarray(chunk_tokens, dtype=np.int64).reshape(-1, 1)
     if chunks.size == 0:
         return np.zeros((0, np.asarray(beta).size), dtype=np.int64)
-    return keep_count(np.asarray(beta, dtype=np.float64).reshape(1, -1), chunks)
+    counts = keep_count(np.asarray(beta, dtype=np.float64).reshape(1, -1), chunks)
+    if min_keep is None:
+        return counts
+    floor = np.asarray(min_keep, dtype=np.int64).reshape(-1, 1)
+    if floor.shape[0] != chunks.shape[0] or np.any(floor < 0) or np.any(floor > chunks):
+        raise ValueError(f"min_keep {floor.ravel().tolist()} must give 0..n for each chunk {chunks.ravel().tolist()}")
+    return np.maximum(counts, floor)
 
 
 def plan_reservation(beta: np.ndarray, chunk_tokens, *, page_size: int, decode_tokens: int = 0,
                      prefix_slots: np.ndarray | None = None,
-                     extend_in_place: np.ndarray | None = None) -> ReservationPlan:
+                     extend_in_place: np.ndarray | None = None, min_keep=None) -> ReservationPlan:
     """Plan one request in one vectorized step.
 
     beta: float [V] group budgets (RatioEntry.group_budget.ravel()).
@@ -76,6 +85,7 @@ def plan_reservation(beta: np.ndarray, chunk_tokens, *, page_size: int, decode_t
     prefix_slots: int [V] slots of the cached prefix (default 0).
     extend_in_place: bool [V], True where the prefix's partial last page may be
     written in place (default: no).
+    min_keep: int [C], protected tokens of each chunk (default none).
     """
     beta = np.asarray(beta, dtype=np.float64).ravel()
     chunk_tokens = tuple(int(n) for n in chunk_tokens)
@@ -89,7 +99,7 @@ def plan_reservation(beta: np.ndarray, chunk_tokens, *, page_size: int, decode_t
         raise ValueError(f"prefix_slots has shape {prefix.shape}, expected ({num_v},)")
     in_place = np.zeros(num_v, bool) if extend_in_place is None else np.asarray(extend_in_place, bool)
     shared = np.where(in_place, _ceil_div(prefix, page_size), prefix // page_size)
-    slots = chunk_slot_counts(beta, chunk_tokens)
+    slots = chunk_slot_counts(beta, chunk_tokens, min_keep)
     prefill = prefix + slots.sum(axis=0)
     prefill_pages = _ceil_div(prefill, page_size) - shared
     decode_pages = _ceil_div(prefill + decode_tokens, page_size) - _ceil_div(prefill, page_size)

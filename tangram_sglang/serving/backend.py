@@ -6,7 +6,8 @@ decode: appends one slot per virtual layer). Per layer:
 
 * extend: chunk queries attend to each group's cached slots plus the chunk's
   own K/V (causal), merged by log-sum-exp; then the scorer rates the chunk,
-  each head keeps its group's keep count, and only those K/V are written.
+  each head keeps its group's keep count (protected sinks and newest tokens
+  first), and only those K/V are written.
 * decode: the new token's K/V go to every group; attention runs per group over
   its own length, cut by the profile's split map (tiles on CPU).
 
@@ -67,7 +68,7 @@ class TangramAttnBackend(AttentionBackend):
                                        plan.seq_lens[lid], meta, layer.scaling)
         if save_kv_cache:
             compress_and_write(q3, k3, v3, self.cu_seqlens, self.serving.scorer, plan.states[lid], meta,
-                               plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages)
+                               plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect)
         return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

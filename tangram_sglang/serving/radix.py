@@ -171,7 +171,7 @@ class TangramRadixCache(RadixCache):
                 continue
             tokens = _tokens(fill[pos:end])
             ids = row[pos:end].to(torch.int64)
-            twin = self._twin(parent, tokens, seg.compressed, req.extra_key)
+            twin = self._twin(parent, tokens, seg, req.extra_key)
             if twin is not None:
                 # Same tokens after the same chain: keep the tree's copy, free ours (stock dedup).
                 self.token_to_kv_pool_allocator.free(ids.clone())
@@ -193,9 +193,12 @@ class TangramRadixCache(RadixCache):
         req.lock = self.lock(parent)
         req.last_node = parent
 
-    def _twin(self, parent: SegNode, tokens: np.ndarray, compressed: bool, extra_key):
+    def _twin(self, parent: SegNode, tokens: np.ndarray, seg, extra_key):
+        """A child holding the same tokens in the same slot layout (a chunk kept with another count,
+        e.g. once as a prompt's last chunk with its newest tokens protected, is not a twin)."""
         for child in parent.children.get(self._child_key(extra_key, tokens[0]), ()):
-            if child.compressed == compressed and np.array_equal(child.tokens, tokens):
+            if (child.compressed == seg.compressed and np.array_equal(child.tokens, tokens)
+                    and np.array_equal(child.seg.end_slots, seg.end_slots)):
                 return child
         return None
 

@@ -26,6 +26,7 @@ from ..pool import RaggedKVCache
 from ..pool.page_data import KVPageData
 from ..pool.spec import PoolSpec, RequestTooLargeError
 from ..profile import ModelShape, TangramProfile, load_profile
+from ..protection import Protection, chunk_protection, min_keep
 from ..scorers import ScorerState, get_scorer
 
 DEFAULT_CHUNK = 512
@@ -67,6 +68,8 @@ class RequestState:
     node: object = None                     # tree node where its published chain ends
     published_tokens: int = 0               # tokens covered by the tree chain (incl. prefix)
     chunk_tokens: list[int] = field(default_factory=list)
+    prompt_end: int = 0                     # tokens of the whole prompt (prefix included)
+    protect: list[tuple[int, int]] = field(default_factory=list)  # (lead, trail) protected per chunk
 
 
 @dataclass
@@ -83,8 +86,10 @@ class PoolCounters:
 
 
 class TangramServing:
-    def __init__(self, path: str, profile: TangramProfile, ratio: float | None):
+    def __init__(self, path: str, profile: TangramProfile, ratio: float | None,
+                 protection: Protection = Protection()):
         self.path = path
+        self.protection = protection
         self.profile = profile
         self.entry = profile.select(ratio)
         self.chunk = chunk_size_of(profile)
@@ -143,15 +148,17 @@ class TangramServing:
 
         V = self.spec.num_virtual
         sched = chunk_schedule(min(prompt_tokens, self.chunk), prompt_tokens, self.chunk)
+        floor = min_keep(chunk_protection(self.protection, 0, sched, prompt_tokens))
         plan = plan_reservation(self.cache.beta, sched, page_size=self.spec.page_size, decode_tokens=1,
-                                prefix_slots=np.zeros(V, np.int64), extend_in_place=np.zeros(V, bool))
+                                prefix_slots=np.zeros(V, np.int64), extend_in_place=np.zeros(V, bool),
+                                min_keep=floor)
         if plan.total_pages > self.spec.num_pages:
             return (f"Tangram: the prompt of {prompt_tokens} tokens needs {plan.total_pages} pages of the "
                     f"ragged KV pool after compression, but the whole pool has {self.spec.num_pages}; "
                     "it can never be served (shorten it or serve with a larger pool)")
         return None
 
-    def _reserve(self, rid: str, sched: list[int], decode_tokens: int, prefix_chain):
+    def _reserve(self, rid: str, sched: list[int], decode_tokens: int, prefix_chain, protect):
         """cache.admit, evicting unlocked tree leaves until it fits; None if it cannot now.
 
         Decode room is SGLang's estimate, not a need: if it alone makes the request larger than
@@ -160,7 +167,8 @@ class TangramServing:
         """
         while True:
             try:
-                adm = self.cache.admit(rid, chunk_tokens=sched, decode_tokens=decode_tokens, prefix=prefix_chain)
+                adm = self.cache.admit(rid, chunk_tokens=sched, decode_tokens=decode_tokens, prefix=prefix_chain,
+                                       min_keep=min_keep(protect))
             except RequestTooLargeError:  # raised before anything is reserved
                 if decode_tokens <= 1:
                     raise
@@ -179,14 +187,15 @@ class TangramServing:
         Raises RequestTooLargeError when its prefill can never fit.
         """
         sched = chunk_schedule(first, total, self.chunk)
-        adm = self._reserve(rid, sched, decode_tokens, prefix_chain)
+        protect = chunk_protection(self.protection, prefix_tokens, sched, prefix_tokens + total)
+        adm = self._reserve(rid, sched, decode_tokens, prefix_chain, protect)
         if adm is None:
             self.counters.waited += 1
             return False
         state = RequestState(rid=rid, scorer_states=[ScorerState(tokens_seen=prefix_tokens)
                                                      for _ in range(self.spec.num_layers)],
                              prefix_tokens=prefix_tokens, node=node, published_tokens=prefix_tokens,
-                             chunk_tokens=sched)
+                             chunk_tokens=sched, prompt_end=prefix_tokens + total, protect=protect)
         if adm.copy_src.size:
             state.copy_src, state.copy_dst = adm.copy_src, adm.copy_dst
         self.requests[rid] = state
@@ -217,10 +226,11 @@ class TangramServing:
         decode = req.plan.decode_tokens
         self.cache.abort(rid)
         sched = chunk_schedule(num_tokens, sum(planned), self.chunk)
-        adm = self._reserve(rid, sched, decode, self.tree.chain(state.node))
+        protect = chunk_protection(self.protection, state.published_tokens, sched, state.prompt_end)
+        adm = self._reserve(rid, sched, decode, self.tree.chain(state.node), protect)
         if adm is None:
             raise RuntimeError(f"Tangram: no pages to re-plan request {rid} after SGLang shortened its chunk")
-        state.chunk_tokens, state.prefix_tokens = sched, state.published_tokens
+        state.chunk_tokens, state.prefix_tokens, state.protect = sched, state.published_tokens, protect
         if adm.copy_src.size:
             state.copy_src, state.copy_dst = adm.copy_src, adm.copy_dst
 
@@ -314,6 +324,7 @@ class TangramServing:
                 self.data.copy_pages(st.copy_src, st.copy_dst)
                 st.copy_src = st.copy_dst = None
         table, lens = self.cache.build_layer_tables(rids)
+        protect = [self.requests[rid].protect[len(self.cache.requests[rid].chunk_ends)] for rid in rids]
         writes = [self.cache.prefill_chunk(rid, int(n)) for rid, n in zip(rids, ext_lens)]
         keep = np.stack([w.counts for w in writes])                     # [B, L, G]
         locs = [w.slot_locs for w in writes]                            # [L, G, k_b] each
@@ -323,7 +334,7 @@ class TangramServing:
                      for loc, kb in zip(locs, keep)]
             out.append(torch.from_numpy(np.concatenate(parts)).to(self.data.k_pages.device))
         self._note_peak()
-        return ForwardPlan.make(table, lens, self.data.k_pages.device, keep=keep, out_loc=out,
+        return ForwardPlan.make(table, lens, self.data.k_pages.device, keep=keep, out_loc=out, protect=protect,
                                 states=[[self.requests[r].scorer_states[l] for r in rids]
                                         for l in range(self.spec.num_layers)])
 
@@ -347,17 +358,19 @@ class TangramServing:
 @dataclass
 class ForwardPlan:
     """Per-layer views of one forward batch: block_table[l] int32 [B, G, W], seq_lens[l] int32 [B, G],
-    out_loc[l] int64 flat slots to write, keep int64 [B, L, G] (extend only), states[l] scorer states."""
+    out_loc[l] int64 flat slots to write, keep int64 [B, L, G] (extend only), states[l] scorer states,
+    protect [(lead, trail)] * B protected runs of each request's chunk (extend only)."""
 
     block_table: torch.Tensor   # [L, B, G, W]
     seq_lens: torch.Tensor      # [L, B, G]
     out_loc: list
     keep: torch.Tensor | None = None
     states: list | None = None
+    protect: list | None = None
 
     @classmethod
-    def make(cls, table: np.ndarray, lens: np.ndarray, device, *, out_loc, keep=None, states=None):
+    def make(cls, table: np.ndarray, lens: np.ndarray, device, *, out_loc, keep=None, states=None, protect=None):
         bt = torch.from_numpy(np.ascontiguousarray(table.transpose(1, 0, 2, 3))).to(device)
         sl = torch.from_numpy(np.ascontiguousarray(lens.transpose(1, 0, 2))).to(device)
         kp = None if keep is None else torch.from_numpy(keep).to(device)
-        return cls(block_table=bt, seq_lens=sl, out_loc=out_loc, keep=kp, states=states)
+        return cls(block_table=bt, seq_lens=sl, out_loc=out_loc, keep=kp, states=states, protect=protect)

@@ -6,7 +6,11 @@ full ``chunked_prefill_size``, later ones share what is left). Tangram's
 compression chunks follow those extends: a request's schedule is fixed at
 admission as [first extend, C, C, ..., rest] with C = chunked_prefill_size =
 the profile's chunk, and the ragged pool reserves exactly its pages (prefix
-shared, every chunk compressed, plus SGLang's estimated decode room). When
+shared, every chunk compressed, plus SGLang's estimated decode room). The
+first extend is never cut short to fill a pass: a request whose first chunk
+does not fit what is left of the pass waits for the next one, so the chunks
+of a prompt (and the KV kept for it) depend only on the prompt and its cached
+prefix, never on what SGLang batched with it. When
 the pages are not there even after evicting unlocked tree leaves, the
 request waits (NO_TOKEN), exactly like SGLang's token budget.
 """
@@ -27,10 +31,15 @@ class TangramPrefillAdder(PrefillAdder):
     def add_one_req(self, req, has_chunked_req, truncation_align_size):
         serving = current()
         total = len(req.full_untruncated_fill_ids) - req.prefix_len
-        rem = self.rem_chunk_tokens
-        first = total if rem is None else min(total, rem)
-        if first <= 0 or total <= 0:
+        if total <= 0:
             return super().add_one_req(req, has_chunked_req, truncation_align_size)
+        # The first chunk is never cut short by what else is in the pass (the kept set of a text must
+        # not depend on batching): a request whose first chunk does not fit waits for the next pass,
+        # where it comes first and has the whole chunk budget.
+        first = min(total, serving.chunk)
+        rem = self.rem_chunk_tokens
+        if rem is not None and rem < first:
+            return AddReqResult.OTHER
         max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
         decode = int(max_new * self.new_token_ratio) + 1
         tree = self.tree_cache
