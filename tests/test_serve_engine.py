@@ -10,6 +10,7 @@
 """
 
 import atexit
+import time
 
 import pytest
 
@@ -31,6 +32,15 @@ def _prompts(model_path):
     return [tok.encode("The capital of France is"), ids[100:600], ids[2000:3100]]
 
 
+def _flush(engine, tries=60):
+    """flush_cache refuses while the scheduler still holds finished requests: retry briefly."""
+    for _ in range(tries):
+        if engine.flush_cache().success:
+            return
+        time.sleep(0.5)
+    raise AssertionError("flush_cache never succeeded")
+
+
 def _serve(model_path, prompts, batched=False, **kwargs):
     """Greedy outputs of the prompts sent one at a time (and, with batched, then all at once
     after a cache flush), and the Tangram info."""
@@ -40,7 +50,7 @@ def _serve(model_path, prompts, batched=False, **kwargs):
         params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
         outs = [engine.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
         if batched:
-            assert engine.flush_cache().success
+            _flush(engine)
             outs = (outs, [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)])
         info = engine.get_server_info()["internal_states"][0].get("tangram")
     finally:
