@@ -25,6 +25,7 @@ import hashlib
 import json
 import random
 import string
+import zlib
 from dataclasses import asdict, dataclass, field
 
 from tangram_sglang.calibration.datasets import essays_dir, mtbench_dir, sharegpt_json
@@ -161,18 +162,16 @@ def replay(kind: str, idx: int, source: list[dict], tok, max_tokens: int) -> Con
     return Conversation(f"{kind}-{idx:03d}", kind, turns, [], history_len)
 
 
-def _replay_sources(kind: str, count: int, seed: int, target_chars: int):
+def _replay_sources(kind: str, seed: int, target_chars: int):
+    """Source chats in a fixed order (a larger count extends a smaller one: results stay reusable)."""
     rng = random.Random(f"{seed}-{kind}")
     if kind == "mtbench":
         bench = MTBench.load(mtbench_dir())
-        return [bench.chat(rng, target_chars) for _ in range(count)]
-    out = []
-    for _, messages in iter_conversations(sharegpt_json(), min_turns=6, min_chars=target_chars):
-        out.append(messages)
-        if len(out) >= count * 4:
-            break
-    rng.shuffle(out)
-    return out
+        while True:
+            yield bench.chat(rng, target_chars)
+    for cid, messages in iter_conversations(sharegpt_json(), min_turns=6, min_chars=target_chars):
+        if zlib.crc32(f"{seed}-{cid}".encode()) % 4 == 0:  # a seeded, order-stable sample of the file
+            yield messages
 
 
 def build_conversations(tok, *, retrieval_per_kind: int, replay_per_kind: int, doc_tokens: int, docs: int = 3,
@@ -186,7 +185,7 @@ def build_conversations(tok, *, retrieval_per_kind: int, replay_per_kind: int, d
     budget = docs * doc_tokens + 200
     for kind in REPLAY if replay_per_kind else ():
         made = 0
-        for source in _replay_sources(kind, replay_per_kind, seed, target_chars=3 * budget):
+        for source in _replay_sources(kind, seed, target_chars=3 * budget):
             conv = replay(kind, made, source, tok, budget)
             if conv is not None:
                 convs.append(conv)
