@@ -111,6 +111,7 @@ def plot(summary: list[dict], path: str) -> bool:
                          if s["setting"] == setting and s["kept_share"] is not None)
             if setting == "full" and pts:
                 ax.axhline(100 * pts[0][1], color="black", ls="--", lw=1, label="full KV (stock SGLang)")
+                ax.plot([100], [100 * pts[0][1]], marker="*", color="black", ms=10)
                 continue
             xs, ys = [100 * p[0] for p in pts], [100 * p[1] for p in pts]
             ax.plot(xs, ys, marker="o", label=setting)
@@ -125,6 +126,7 @@ def plot(summary: list[dict], path: str) -> bool:
         ax.set_ylabel("multi-turn accuracy (%)")
         ax.set_title(f"{model}: accuracy vs kept share")
         ax.set_ylim(-2, 102)
+        ax.set_xlim(0, 105)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
