@@ -7,8 +7,10 @@
 Same conversations (benchmarks/fidelity_tasks.py) and token ids for every setting:
   full        stock SGLang (no profile), sessions concurrent, each turn a /generate request
   tangram     the real server with --tangram-profile P --tangram-ratio r, sessions concurrent
-  dynamic     the dense oracle (tangram_sglang.serving_reference) with per-chunk global top-k over the
-              heads of each layer at ratio r (the paper's "w/o Tangram"), same chunk schedule as served
+  static      the dense oracle (tangram_sglang.serving_reference) with the profile's static budgets: what
+              the server must compute, one conversation at a time (a check of the served path)
+  dynamic     the same oracle with per-chunk global top-k over the heads of each layer at ratio r (the
+              paper's "w/o Tangram"), same chunk schedule as served
   uniform     the same oracle, every head keeping the profile's mean per-head budget (equal memory)
   kvpress-X   NVIDIA kvpress 0.5.5 in its own venv (benchmarks/kvpress_env.py): history compressed at
               prefill, the final question and answer uncompressed; X in snapkv, adakv-snapkv, kvzip, ...
@@ -40,7 +42,7 @@ from fidelity_report import write_report  # noqa: E402
 from fidelity_tasks import Conversation, build_conversations  # noqa: E402
 
 PROFILES = {"smollm2": "configs/smollm2-snapkv.yaml", "qwen2.5-0.5b": "configs/qwen2.5-0.5b-snapkv.yaml"}
-ORACLE = ("dynamic", "uniform")
+ORACLE = ("static", "dynamic", "uniform")
 KVPRESS = ("kvpress-snapkv", "kvpress-adakv-snapkv", "kvpress-kvzip")
 CHUNK = 512
 
@@ -154,12 +156,17 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tangram_sglang.profile import load_profile
-    from tangram_sglang.serving_reference import DynamicSelection, UniformSelection, reference_run
+    from tangram_sglang.protection import Protection
+    from tangram_sglang.serving_reference import (DynamicSelection, ProfileSelection, UniformSelection,
+                                                  reference_run)
 
     torch.set_num_threads(1)
     prof = load_profile(os.path.join(ROOT, PROFILES[model]))
     entry = prof.select(ratio)
-    if setting == "dynamic":
+    base = setting.split("@")[0]
+    if base == "static":
+        selection = ProfileSelection(entry)
+    elif base == "dynamic":
         selection = DynamicSelection(ratio)
     else:  # equal memory: the mean per-head budget the profile actually keeps
         per_head = [entry.group_budget[l][g] for l, groups in enumerate(entry.groups) for g, hs in enumerate(groups)
@@ -174,7 +181,7 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
         run = reference_run(lm, entry, heads_per_group=prof.heads_per_group, method=prof.calibration.method,
                             prompt_ids=conv.prompt, max_new_tokens=args.max_new_tokens,
                             chunk_tokens=chunk_schedule(conv), stop_ids=stop, selection=selection,
-                            turn_ends=[len(t) for t in conv.turns])
+                            turn_ends=[len(t) for t in conv.turns], protection=Protection(*args.protect))
         ids = run.tokens[:-1] if run.tokens and run.tokens[-1] in stop else run.tokens
         hist = conv.history_len
         kept = float(torch.stack([k[:, :hist].float().mean() for k in run.kept]).mean())
@@ -216,8 +223,9 @@ def run_kvpress(setting, ratio, convs, args, store, model, model_path, version) 
                                answer_ids=row["answer_ids"], kept=row["kept"], fact_kept=row.get("fact_kept_share")))
 
 
-RUNNERS = {"full": run_server, "tangram": run_server, "dynamic": run_oracle, "uniform": run_oracle,
+RUNNERS = {"full": run_server, "tangram": run_server, **{k: run_oracle for k in ORACLE},
            **{k: run_kvpress for k in KVPRESS}}
+DEFAULT_PROTECT = (4, 64)
 
 
 def parse(argv=None):
@@ -235,10 +243,17 @@ def parse(argv=None):
     ap.add_argument("--max-total-tokens", type=int, default=32768, help="stock KV tokens (Tangram: same bytes)")
     ap.add_argument("--port", type=int, default=31200)
     ap.add_argument("--limit", type=int, default=0, help="run at most this many new conversations per setting")
+    ap.add_argument("--protect", default="4,64", help="oracle settings: SINKS,NEWEST protected tokens (a "
+                    "candidate other than the served 4,64 is recorded as setting@SINKS,NEWEST)")
     ap.add_argument("--runs", default=os.path.join(ROOT, "benchmarks", "results", "fidelity_runs.jsonl"))
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args(argv)
+    args.protect = tuple(int(x) for x in args.protect.split(","))
+    if args.protect != DEFAULT_PROTECT:
+        tag = "@" + ",".join(map(str, args.protect))
+        args.settings = [s + tag if s in ORACLE else s for s in args.settings]
+        RUNNERS.update({s: run_oracle for s in args.settings if s.endswith(tag)})
     if args.quick:
         args.models, args.retrieval_per_kind, args.replays_per_kind, args.doc_tokens = ["smollm2"], 4, 2, 350
     return args
