@@ -126,7 +126,7 @@ def run_session(url: str, conv: Conversation, max_new: int) -> dict:
 def run_server(setting, ratio, convs, args, store, model, model_path, version) -> None:
     from tangram_sglang.server_process import ServerProcess
 
-    profile = os.path.join(ROOT, PROFILES[model]) if setting == "tangram" else None
+    profile = os.path.join(ROOT, PROFILES[model]) if setting.startswith("tangram") else None
     extra = ["--max-total-tokens", str(args.max_total_tokens)] + (["--tangram-ratio", str(ratio)] if profile else [])
     with ServerProcess(model_path, port=args.port, profile=profile, extra_args=extra,
                        log_path=f"/tmp/fidelity-{setting}-{ratio:g}.log") as srv:
@@ -163,7 +163,7 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
     torch.set_num_threads(1)
     prof = load_profile(os.path.join(ROOT, PROFILES[model]))
     entry = prof.select(ratio)
-    base = setting.split("@")[0]
+    base = setting.split("@")[0].split("[")[0]
     if base == "static":
         selection = ProfileSelection(entry)
     elif base == "dynamic":
@@ -243,6 +243,8 @@ def parse(argv=None):
     ap.add_argument("--max-total-tokens", type=int, default=32768, help="stock KV tokens (Tangram: same bytes)")
     ap.add_argument("--port", type=int, default=31200)
     ap.add_argument("--limit", type=int, default=0, help="run at most this many new conversations per setting")
+    ap.add_argument("--profile", help="serve/score with this profile instead of the model's default "
+                    "(settings are then recorded as setting[method])")
     ap.add_argument("--protect", default="4,64", help="oracle settings: SINKS,NEWEST protected tokens (a "
                     "candidate other than the served 4,64 is recorded as setting@SINKS,NEWEST)")
     ap.add_argument("--runs", default=os.path.join(ROOT, "benchmarks", "results", "fidelity_runs.jsonl"))
@@ -254,6 +256,14 @@ def parse(argv=None):
         tag = "@" + ",".join(map(str, args.protect))
         args.settings = [s + tag if s in ORACLE else s for s in args.settings]
         RUNNERS.update({s: run_oracle for s in args.settings if s.endswith(tag)})
+    if args.profile:
+        from tangram_sglang.profile import load_profile
+
+        tag = f"[{load_profile(args.profile).calibration.method}]"
+        PROFILES.update({m: os.path.abspath(args.profile) for m in args.models})
+        renamed = [s + tag if s not in ("full", *KVPRESS) else s for s in args.settings]
+        RUNNERS.update({n: RUNNERS[s] for s, n in zip(args.settings, renamed)})
+        args.settings = renamed
     if args.quick:
         args.models, args.retrieval_per_kind, args.replays_per_kind, args.doc_tokens = ["smollm2"], 4, 2, 350
     return args

@@ -19,13 +19,10 @@ def _rows_for(store, model, setting, ratio, convs, version):
     return out
 
 
-def _profile_kept(model: str) -> dict:
+def _profile_kept(path: str) -> dict:
     """Kept share of the served profile per ratio: the mean per-head group budget (chunk rounding aside)."""
-    from fidelity import PROFILES, ROOT
-
     from tangram_sglang.profile import load_profile
 
-    path = os.path.join(ROOT, PROFILES[model])
     if not os.path.exists(path):
         return {}
     prof = load_profile(path)
@@ -37,10 +34,10 @@ def _profile_kept(model: str) -> dict:
     return out
 
 
-def summarize(store, model, convs, versions, ratios, settings, tok) -> list[dict]:
+def summarize(store, model, convs, versions, ratios, settings, tok, profile: str) -> list[dict]:
     full_rows = _rows_for(store, model, "full", 1.0, convs, versions.get("full", ""))
     full_ids = {cid: r["answer_ids"] for cid, r in full_rows.items()}
-    prof_kept = _profile_kept(model)
+    prof_kept = _profile_kept(profile)
     by_conv = {c.id: c.to_json() for c in convs}
     out = []
     for setting in settings:
@@ -138,9 +135,12 @@ def plot(summary: list[dict], path: str) -> bool:
 def write_report(store, tables, args, tok_of) -> None:
     import sys
 
+    from fidelity import PROFILES, ROOT
+
     summary = []
     for model, convs, versions in tables:
-        summary += summarize(store, model, convs, versions, args.ratios, args.settings, tok_of[model])
+        profile = args.profile or os.path.join(ROOT, PROFILES[model])
+        summary += summarize(store, model, convs, versions, args.ratios, args.settings, tok_of[model], profile)
     cmd = "python benchmarks/fidelity.py " + " ".join(sys.argv[1:])
     stem = "fidelity_quick" if args.quick else "fidelity"
     os.makedirs(args.out_dir, exist_ok=True)
