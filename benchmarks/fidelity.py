@@ -129,7 +129,7 @@ def run_server(setting, ratio, convs, args, store, model, model_path, version) -
     profile = os.path.join(ROOT, PROFILES[model]) if setting.startswith("tangram") else None
     extra = ["--max-total-tokens", str(args.max_total_tokens)] + (["--tangram-ratio", str(ratio)] if profile else [])
     with ServerProcess(model_path, port=args.port, profile=profile, extra_args=extra,
-                       log_path=f"/tmp/fidelity-{setting}-{ratio:g}.log") as srv:
+                       log_path=f"/tmp/fidelity-{args.port}-{setting}-{ratio:g}.log") as srv:
         log(f"{setting} {ratio:g}: server up, {len(convs)} sessions, {args.concurrency} at a time")
         done = [0]
 

@@ -7,6 +7,7 @@ goes to a log file; a launch that exits early raises with the log's tail.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ class ServerProcess:
 
     def __init__(self, model_path: str, *, port: int = 30000, profile: str | None = None,
                  extra_args: list[str] | None = None, log_path: str | None = None, threads: int = 1):
+        self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path or os.path.join("/tmp", f"tangram-server-{port}.log")
         self.args = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
@@ -32,6 +34,9 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 300) -> "ServerProcess":
+        if self._healthy() or not self._port_free():
+            # Another server there would answer our health check and our requests.
+            raise RuntimeError(f"port {self.port} on 127.0.0.1 is already in use; pick another port")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
@@ -44,6 +49,14 @@ class ServerProcess:
             time.sleep(1)
         self.stop()
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.log_tail()}")
+
+    def _port_free(self) -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", self.port))
+            except OSError:
+                return False
+        return True
 
     def _healthy(self) -> bool:
         try:
