@@ -52,6 +52,7 @@ class ServerProcess:
 
     def _port_free(self) -> bool:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: TIME_WAIT is fine
             try:
                 sock.bind(("127.0.0.1", self.port))
             except OSError:
