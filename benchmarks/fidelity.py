@@ -45,6 +45,9 @@ PROFILES = {"smollm2": "configs/smollm2-snapkv.yaml", "qwen2.5-0.5b": "configs/q
 ORACLE = ("static", "dynamic", "uniform")
 KVPRESS = ("kvpress-snapkv", "kvpress-adakv-snapkv", "kvpress-kvzip")
 CHUNK = 512
+# package files that cannot change an answer (offline tools, process helpers): not part of the version
+NOT_SERVED = ("/calibration/", "/cpu_compat/", "calibrate.py", "reference_import.py", "uniform_profile.py",
+              "server_process.py")
 
 
 def log(msg: str) -> None:
@@ -67,7 +70,8 @@ def code_version(setting: str, profile: str) -> str:
     if setting.startswith("kvpress"):
         files = [os.path.join(ROOT, "benchmarks", f) for f in ("kvpress_runner.py", "kvpress-requirements.txt")]
     else:
-        files = sorted(glob.glob(os.path.join(ROOT, "tangram_sglang", "**", "*.py"), recursive=True)) + [profile]
+        files = sorted(f for f in glob.glob(os.path.join(ROOT, "tangram_sglang", "**", "*.py"), recursive=True)
+                       if not any(part in f for part in NOT_SERVED)) + [profile]
     return digest(*(open(f, "rb").read() if os.path.exists(f) else f for f in files))
 
 
