@@ -100,6 +100,8 @@ def plot(summary: list[dict], path: str) -> bool:
     except ImportError:
         return False
     models = sorted({s["model"] for s in summary})
+    if not models:
+        return False
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models):
         rows = [s for s in summary if s["model"] == model and s["accuracy"] is not None]
