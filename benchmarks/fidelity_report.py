@@ -34,9 +34,15 @@ def _profile_kept(path: str) -> dict:
     return out
 
 
+def _answer(row: dict, eos: int) -> list[int]:
+    """Answer ids without the end-of-sequence token the server returns (the oracle and kvpress drop it)."""
+    ids = list(row["answer_ids"])
+    return ids[:-1] if ids and ids[-1] == eos else ids
+
+
 def summarize(store, model, convs, versions, ratios, settings, tok, profile: str) -> list[dict]:
     full_rows = _rows_for(store, model, "full", 1.0, convs, versions.get("full", ""))
-    full_ids = {cid: r["answer_ids"] for cid, r in full_rows.items()}
+    full_ids = {cid: _answer(r, tok.eos_token_id) for cid, r in full_rows.items()}
     prof_kept = _profile_kept(profile)
     by_conv = {c.id: c.to_json() for c in convs}
     out = []
@@ -47,8 +53,9 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile: str
                 continue
             scored = []
             for cid, r in rows.items():
-                text = tok.decode(r["answer_ids"], skip_special_tokens=True)
-                scored.append({**score(by_conv[cid], r["answer_ids"], text, full_ids.get(cid)),
+                ids = _answer(r, tok.eos_token_id)
+                text = tok.decode(ids, skip_special_tokens=True)
+                scored.append({**score(by_conv[cid], ids, text, full_ids.get(cid)),
                                "retrieval": bool(by_conv[cid]["expect"])})
             judged = [s for s in scored if s["correct"] is not None]
             ret = [s for s in judged if s["retrieval"]]
