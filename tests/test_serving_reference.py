@@ -298,8 +298,8 @@ def test_dynamic_selection_is_a_global_topk_per_chunk(tiny):
     for kept in run.kept:
         for s, e in run.chunks:
             assert int(kept[:, s:e].sum()) == int(keep_count(0.3, heads * (e - s)))
-    counts = {tuple(k[:, 0:8].sum(1).tolist()) for k in run.kept}
-    assert len(counts) > 1  # heads share a layer's budget unevenly
+    counts = {tuple(k[:, s:e].sum(1).tolist()) for k in run.kept for s, e in run.chunks[:-1]}
+    assert len(counts) > 1  # heads share a layer's budget unevenly, differently per chunk
 
 
 def test_uniform_selection_keeps_the_same_count_per_head(tiny):
