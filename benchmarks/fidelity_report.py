@@ -98,6 +98,11 @@ def markdown(summary: list[dict], cmd: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# overlapping lines (the server and its oracle agree exactly) stay visible through markers and dashes
+STYLES = {"tangram": ("o", "-"), "static": ("x", ":"), "dynamic": ("^", "-"), "uniform": ("s", "--"),
+          "kvpress-snapkv": ("v", "-"), "kvpress-adakv-snapkv": ("D", ":"), "kvpress-kvzip": ("P", "-")}
+
+
 def plot(summary: list[dict], path: str) -> bool:
     try:
         import matplotlib
@@ -120,7 +125,8 @@ def plot(summary: list[dict], path: str) -> bool:
                 ax.plot([100], [100 * pts[0][1]], marker="*", color="black", ms=10)
                 continue
             xs, ys = [100 * p[0] for p in pts], [100 * p[1] for p in pts]
-            ax.plot(xs, ys, marker="o", label=setting)
+            marker, ls = STYLES.get(setting.split("@")[0].split("[")[0], ("o", "-"))
+            ax.plot(xs, ys, marker=marker, ls=ls, label=setting, alpha=0.85)
             for x, y, (_, _, s) in zip(xs, ys, pts):
                 if s["degenerate"]:
                     ax.annotate(f"{s['degenerate']} deg.", (x, y), fontsize=7, xytext=(3, -9),
