@@ -208,16 +208,17 @@ def run_kvpress(setting, ratio, convs, args, store, model, model_path, version) 
     work = f"/tmp/fidelity-kvpress-{model}"
     os.makedirs(work, exist_ok=True)
     inp, out = os.path.join(work, "in.jsonl"), os.path.join(work, f"{setting}-{ratio:g}-{version}.jsonl")
+    # the runner resumes by id: name each conversation by its content, not its (reused) task id
+    by_id = {f"{c.id}#{digest(json.dumps(c.prompt))}": c for c in convs}
     with open(inp, "w") as f:
-        for c in convs:
-            f.write(json.dumps({"id": c.id, "history_ids": c.prompt[:c.history_len],
+        for cid, c in by_id.items():
+            f.write(json.dumps({"id": cid, "history_ids": c.prompt[:c.history_len],
                                 "question_ids": c.prompt[c.history_len:], "max_new_tokens": args.max_new_tokens,
                                 "stop_ids": [int(tok.eos_token_id)], "fact_spans": c.fact_spans}) + "\n")
     press = setting[len("kvpress-"):]
     subprocess.run([python, os.path.join(ROOT, "benchmarks", "kvpress_runner.py"), "--model-path", model_path,
                     "--conversations", inp, "--setting", f"{press}:{ratio:g}", "--out", out, "--threads", "1"],
                    check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    by_id = {c.id: c for c in convs}
     with open(out) as f:
         for row in map(json.loads, f):
             conv = by_id.get(row["id"])
