@@ -302,7 +302,7 @@ def main(argv=None) -> None:
                 if todo and not args.report_only:
                     log(f"{model} {setting} {ratio:g}: {len(todo)} to run")
                     RUNNERS[setting](setting, ratio, todo, args, store, model, model_path, version)
-        tables.append((model, convs, {s: code_version(s, profile) for s in args.settings}))
+        tables.append((model, convs, {s: code_version(s, profile) for s in {"full", *args.settings}}))
     write_report(store, tables, args, tok_of={m: AutoTokenizer.from_pretrained(ensure_model(m)) for m in args.models})
 
 
