@@ -71,21 +71,53 @@ def code_version(setting: str, profile: str) -> str:
         files = [os.path.join(ROOT, "benchmarks", f) for f in ("kvpress_runner.py", "kvpress-requirements.txt")]
     else:
         files = sorted(f for f in glob.glob(os.path.join(ROOT, "tangram_sglang", "**", "*.py"), recursive=True)
-                       if not any(part in f for part in NOT_SERVED)) + [profile]
+                       if not any(part in f for part in NOT_SERVED)) + [profile] + weight_files(profile)
     return digest(*(open(f, "rb").read() if os.path.exists(f) else f for f in files))
 
 
+def weight_files(profile: str) -> list[str]:
+    """The scorer weights a profile names (fastkvzip gates): they change answers too."""
+    if not os.path.exists(profile):
+        return []
+    from tangram_sglang.profile import load_profile
+    from tangram_sglang.profile_scorer import weights_path
+
+    path = weights_path(load_profile(profile), profile)
+    return [path] if path else []
+
+
 class RunStore:
-    """Recorded answers, one JSON line each, keyed by (model, setting, ratio, conversation, ids, version)."""
+    """Recorded answers, one JSON line each, keyed by (model, setting, ratio, conversation, ids, version).
+
+    ``equivalent`` (a JSON file beside the runs) records code versions checked to give the same
+    answers as an older one (``--carry-from``): rows of the older version also answer for the newer.
+    """
 
     def __init__(self, path: str):
         self.path, self.lock, self.rows = path, threading.Lock(), {}
+        self.equiv_path = os.path.join(os.path.dirname(path), "fidelity_versions.json")
+        self.equivalent = json.load(open(self.equiv_path)) if os.path.exists(self.equiv_path) else {}
+        newer: dict[str, list[str]] = {}
+        for new, info in self.equivalent.items():
+            newer.setdefault(info["same_as"], []).append(new)
         if os.path.exists(path):
             with open(path) as f:
                 for line in f:
                     if line.strip():
                         row = json.loads(line)
                         self.rows[row["key"]] = row
+                        self._alias(row, newer)
+
+    def _alias(self, row: dict, newer: dict) -> None:
+        base, version = row["key"].rsplit("|", 1)
+        for new in newer.get(version, ()):
+            self.rows.setdefault(f"{base}|{new}", row)
+            self._alias({"key": f"{base}|{new}", **{k: v for k, v in row.items() if k != "key"}}, newer)
+
+    def record_equivalence(self, new: str, old: str, evidence: str) -> None:
+        self.equivalent[new] = {"same_as": old, "evidence": evidence, "date": time.strftime("%Y-%m-%d")}
+        with open(self.equiv_path, "w") as f:
+            json.dump(self.equivalent, f, indent=1)
 
     @staticmethod
     def key(model, setting, ratio, conv: Conversation, version) -> str:
@@ -160,12 +192,14 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tangram_sglang.profile import load_profile
+    from tangram_sglang.profile_scorer import profile_scorer
     from tangram_sglang.protection import Protection
     from tangram_sglang.serving_reference import (DynamicSelection, ProfileSelection, UniformSelection,
                                                   reference_run)
 
     torch.set_num_threads(1)
     prof = load_profile(os.path.join(ROOT, PROFILES[model]))
+    scorer = profile_scorer(prof, os.path.join(ROOT, PROFILES[model]))
     entry = prof.select(ratio)
     base = setting.split("@")[0].split("[")[0]
     if base == "static":
@@ -182,7 +216,7 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
     stop |= {int(AutoTokenizer.from_pretrained(model_path).eos_token_id)}
     for i, conv in enumerate(convs):
         t0 = time.perf_counter()
-        run = reference_run(lm, entry, heads_per_group=prof.heads_per_group, method=prof.calibration.method,
+        run = reference_run(lm, entry, heads_per_group=prof.heads_per_group, method=scorer,
                             prompt_ids=conv.prompt, max_new_tokens=args.max_new_tokens,
                             chunk_tokens=chunk_schedule(conv), stop_ids=stop, selection=selection,
                             turn_ends=[len(t) for t in conv.turns], protection=Protection(*args.protect))
@@ -255,6 +289,10 @@ def parse(argv=None):
     ap.add_argument("--runs", default=os.path.join(ROOT, "benchmarks", "results", "fidelity_runs.jsonl"))
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--carry-from", metavar="VERSION", help="re-run --carry-check recorded conversations of "
+                    "this older code version per setting and ratio; if every answer is identical, its rows "
+                    "count for the current version (recorded in fidelity_versions.json)")
+    ap.add_argument("--carry-check", type=int, default=6)
     args = ap.parse_args(argv)
     args.protect = tuple(int(x) for x in args.protect.split(","))
     if args.protect != DEFAULT_PROTECT:
@@ -280,6 +318,8 @@ def main(argv=None) -> None:
     from transformers import AutoTokenizer
 
     store = RunStore(args.runs)
+    if args.carry_from:
+        return carry_over(store, args)
     tables = []
     for model in args.models:
         model_path = ensure_model(model)
@@ -304,6 +344,41 @@ def main(argv=None) -> None:
                     RUNNERS[setting](setting, ratio, todo, args, store, model, model_path, version)
         tables.append((model, convs, {s: code_version(s, profile) for s in {"full", *args.settings}}))
     write_report(store, tables, args, tok_of={m: AutoTokenizer.from_pretrained(ensure_model(m)) for m in args.models})
+
+
+def carry_over(store: RunStore, args) -> None:
+    """--carry-from: re-run a few recorded conversations on the current code; equal answers carry the rest."""
+    from models import ensure_model
+    from transformers import AutoTokenizer
+
+    checked = 0
+    for model in args.models:
+        model_path = ensure_model(model)
+        convs = build_conversations(AutoTokenizer.from_pretrained(model_path), retrieval_per_kind=args.retrieval_per_kind,
+                                    replay_per_kind=args.replays_per_kind, doc_tokens=args.doc_tokens)
+        profile = os.path.join(ROOT, PROFILES[model])
+        for setting in [s for s in args.settings if s != "full" and not s.startswith("kvpress")]:
+            version = code_version(setting, profile)
+            for ratio in args.ratios:
+                old = [c for c in convs if RunStore.key(model, setting, ratio, c, args.carry_from) in store.rows]
+                pick = old[:: max(1, len(old) // args.carry_check)][: args.carry_check]
+                todo = [c for c in pick if RunStore.key(model, setting, ratio, c, version) not in store.rows]
+                if todo:
+                    log(f"carry check {model} {setting} {ratio:g}: {len(todo)} to run")
+                    RUNNERS[setting](setting, ratio, todo, args, store, model, model_path, version)
+                for c in pick:
+                    a = store.rows[RunStore.key(model, setting, ratio, c, args.carry_from)]["answer_ids"]
+                    b = store.rows[RunStore.key(model, setting, ratio, c, version)]["answer_ids"]
+                    if a != b:
+                        log(f"carry check failed: {model} {setting} {ratio:g} {c.id} answers differ; nothing carried")
+                        return
+                    checked += 1
+    if checked == 0:
+        log(f"carry check: no recorded conversations of version {args.carry_from} among the settings asked")
+        return
+    store.record_equivalence(version, args.carry_from, f"{checked} conversations re-run with identical answers "
+                             f"({', '.join(args.settings)}; ratios {args.ratios})")
+    log(f"carry check passed on {checked} conversations: {args.carry_from} answers count for {version}")
 
 
 if __name__ == "__main__":

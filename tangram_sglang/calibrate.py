@@ -17,6 +17,7 @@ import sys
 import time
 
 from .budgets import MIN_BUDGET
+from .calibration.gate_calibration import calibrate_gates
 from .calibration.pilot import PilotConfig, load_model, run_pilot
 from .calibration.report import regularity_report, write_report
 from .calibration.samples import SOURCES, SampleSpec, build_samples
@@ -31,7 +32,8 @@ from .split_map import device_parallel_capacity
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m tangram_sglang.calibrate", description=__doc__.split("\n")[0])
     ap.add_argument("--model-path", required=True, help="Hugging Face model folder")
-    ap.add_argument("--method", required=True, help="scorer: snapkv, expected_attention, keydiff, ...")
+    ap.add_argument("--method", required=True,
+                    help="scorer: snapkv, expected_attention, keydiff, ..., or fastkvzip (trains KVzip gates)")
     ap.add_argument("--ratio", type=float, action="append", required=True, help="target ratio; repeatable")
     ap.add_argument("--default-ratio", type=float, default=None,
                     help="ratio served by default (default: the first --ratio)")
@@ -47,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=2048)
     ap.add_argument("--sources", default=",".join(SOURCES), help="comma list of " + ", ".join(SOURCES))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gate-steps", type=int, default=300, help="fastkvzip: Adam steps per layer's gate")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("-o", "--output", required=True, help="profile path (.yaml)")
     args = ap.parse_args(argv)
@@ -75,18 +78,23 @@ def calibrate(args: argparse.Namespace) -> dict:
     sources = tuple(s for s in args.sources.split(",") if s)
     spec = SampleSpec(count=args.samples, min_tokens=args.min_tokens, max_tokens=args.max_tokens,
                       sources=sources, seed=args.seed)
-    scorer = get_scorer(args.method)
     model, tok = load_model(args.model_path)
     cal_samples = build_samples(tok, spec, "calibration")
-    t1 = time.perf_counter()
-    cal = run_pilot(model, cal_samples, scorer, cfg, "calibration", not args.no_progress)
-    t_cal = time.perf_counter() - t1
-    held = []
+    held_samples = []
     if args.heldout:
         held_spec = SampleSpec(count=args.heldout, min_tokens=args.min_tokens, max_tokens=args.max_tokens,
                                sources=sources, seed=args.seed)
-        held = run_pilot(model, build_samples(tok, held_spec, "heldout"), scorer, cfg, "held-out",
-                         not args.no_progress)
+        held_samples = build_samples(tok, held_spec, "heldout")
+    t1 = time.perf_counter()
+    gate = None
+    if args.method == "fastkvzip":
+        gate = calibrate_gates(model, tok, cal_samples, held_samples, profile_path=args.output,
+                               chunk_size=args.chunk_size, ratios=ratios, steps=args.gate_steps, seed=args.seed,
+                               progress=not args.no_progress)
+    scorer = gate.scorer if gate else get_scorer(args.method)
+    cal = run_pilot(model, cal_samples, scorer, cfg, "calibration", not args.no_progress)
+    t_cal = time.perf_counter() - t1
+    held = run_pilot(model, held_samples, scorer, cfg, "held-out", not args.no_progress) if held_samples else []
     capacity = args.parallel_capacity or device_parallel_capacity()
     stats = [ratio_stats([r.retention[i] for r in cal], ratio, args.alpha) for i, ratio in enumerate(ratios)]
     entries = [make_entry(s.ratio, s.budgets, s.mean, s.std, heads_per_group=args.heads_per_group,
@@ -96,14 +104,15 @@ def calibrate(args: argparse.Namespace) -> dict:
             f"{args.min_tokens}-{args.max_tokens} tokens, seed {args.seed}; budgets floored at {MIN_BUDGET}")
     meta = CalibrationMeta(method=args.method, target_ratios=ratios, alpha=args.alpha, num_samples=len(cal),
                            sources=sources, chunk_size=args.chunk_size, date=today(), tool_version=tool_version(),
-                           note=note)
+                           note=note, weights=gate.weights if gate else "", weights_sha256=gate.sha256 if gate else "")
     profile = build_profile(shape, meta, entries, heads_per_group=args.heads_per_group, grouping=args.grouping,
                             parallel_capacity=capacity, default_ratio=args.default_ratio)
     profile.save(args.output)
     report = regularity_report(cal, held, ratios, args.alpha, {
         "model": os.path.basename(os.path.normpath(args.model_path)), "method": args.method, "alpha": args.alpha,
         "chunk_size": args.chunk_size, "heads_per_group": args.heads_per_group, "profile": args.output,
-        "seconds_calibration": round(t_cal, 1), "seconds_total": round(time.perf_counter() - t0, 1)})
+        "seconds_calibration": round(t_cal, 1), "seconds_total": round(time.perf_counter() - t0, 1)},
+        gate=gate.report if gate else None)
     write_report(report_dir(args.output), report, cal, held, {s.ratio: s.budgets for s in stats})
     return report
 

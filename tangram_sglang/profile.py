@@ -15,6 +15,8 @@ File format ``tangram-profile`` version 1 (YAML)::
       date: "2026-11-21"
       tool_version: tangram_sglang 0.1.0
       note: ""                   # free text, e.g. where imported data came from
+      weights: p.gate.safetensors  # only for scorers with weights (fastkvzip), beside the profile
+      weights_sha256: "..."      # checked at launch
     heads_per_group: 2
     grouping: budget_aware       # or adjacent
     parallel_capacity: 132       # CTAs the split maps were computed for
@@ -103,6 +105,8 @@ class CalibrationMeta:
     date: str = ""
     tool_version: str = ""
     note: str = ""
+    weights: str = ""  # scorer weights file beside the profile (fastkvzip gates), or ""
+    weights_sha256: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,6 +191,9 @@ def _calibration_to_dict(meta: CalibrationMeta) -> dict:
     out = dataclasses.asdict(meta)
     out["target_ratios"] = [float(r) for r in meta.target_ratios]
     out["sources"] = list(meta.sources)
+    for key in ("weights", "weights_sha256"):
+        if not out[key]:
+            del out[key]
     return out
 
 

@@ -84,6 +84,8 @@ def parse_calibration(raw) -> CalibrationMeta:
         date=str(raw.get("date", "")),
         tool_version=str(raw.get("tool_version", "")),
         note=str(raw.get("note", "")),
+        weights=str(raw.get("weights", "") or ""),
+        weights_sha256=str(raw.get("weights_sha256", "") or ""),
     )
 
 

@@ -17,6 +17,7 @@ import os
 import sys
 
 from .profile import ModelShape, ProfileError, load_profile
+from .profile_scorer import check_scorer_weights
 
 logger = logging.getLogger("tangram_sglang")
 
@@ -67,6 +68,7 @@ def attach_profile(server_args, profile_path: str | None, ratio: float | None) -
     path = os.path.abspath(os.path.expanduser(profile_path))
     profile = load_profile(path)
     profile.select(ratio)
+    check_scorer_weights(profile, path)
     model_path = getattr(server_args, "model_path", None)
     if model_path and os.path.isfile(os.path.join(model_path, "config.json")):
         profile.check_model(ModelShape.from_model_path(model_path))

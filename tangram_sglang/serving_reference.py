@@ -35,7 +35,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .budgets import keep_count
 from .protection import PROTECTED_SCORE, Protection, chunk_protection, protect_scores
-from .scorers import ScorerState, get_scorer
+from .scorers import Scorer, ScorerState, get_scorer
 from .selection import global_topk_mask
 
 
@@ -211,7 +211,7 @@ class _DenseTangram:
         self.entry = entry
         self.selection = selection or ProfileSelection(entry)
         self.protection, self.turn_ends = protection, sorted(turn_ends)
-        self.scorer = get_scorer(method)
+        self.scorer = method if isinstance(method, Scorer) else get_scorer(method)
         self.cache = [LayerKV.empty(self.num_kv, self.head_dim) for _ in range(num_layers)]
         self.states = [ScorerState() for _ in range(num_layers)]
 
@@ -224,12 +224,14 @@ class _DenseTangram:
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         return q[0].transpose(0, 1), k[0].transpose(0, 1), v
 
-    def _compress(self, layer: int, q, k, v, start: int) -> None:
+    def _compress(self, layer: int, q, k, v, start: int, hidden: torch.Tensor) -> None:
         """Mark the positions of this chunk the selection policy keeps in this layer."""
         state = self.states[layer]
         if state.tokens_seen != start:
             raise RuntimeError(f"scorer state at {state.tokens_seen}, chunk starts at {start}")
-        scores = self.scorer.score(q, k, v, state)
+        scorer = self.scorer.for_layer(layer)
+        extra = {"hidden": hidden} if scorer.needs_hidden else {}
+        scores = scorer.score(q, k, v, state, **extra)
         if torch.isnan(scores).any():
             raise ValueError("scorer returned NaN")
         n = k.shape[0]
@@ -248,7 +250,8 @@ class _DenseTangram:
         pos = torch.arange(start, start + n)[None]
         cos, sin = self.inner.rotary_emb(x[None], pos)
         for layer, block in enumerate(self.inner.layers):
-            q, k, v = self._qkv(block.self_attn, block.input_layernorm(x), cos, sin)
+            hidden = block.input_layernorm(x)
+            q, k, v = self._qkv(block.self_attn, hidden, cos, sin)
             cache = self.cache[layer]
             allowed = allowed_keys(cache.kept, n)
             cache.append(k, v)
@@ -256,7 +259,7 @@ class _DenseTangram:
             x = x + block.self_attn.o_proj(out.reshape(n, -1))
             x = x + block.mlp(block.post_attention_layernorm(x))
             if compress:
-                self._compress(layer, q, k, v, start)
+                self._compress(layer, q, k, v, start, hidden)
             else:
                 cache.kept[:, start:] = True
         return self.model.lm_head(self.inner.norm(x[-1:]))[0].float()
@@ -300,7 +303,7 @@ def reference_generate(model, entry, *, heads_per_group: int, method: str, promp
 
     model: HF LlamaForCausalLM / Qwen2ForCausalLM, float32, eval. entry: a
     profile RatioEntry (budgets [L, H], groups, group_budget beta [L, G]).
-    method: scorer name (scorers.get_scorer). The prompt is compressed in
+    method: scorer name (scorers.get_scorer) or a Scorer (e.g. profile_scorer's). The prompt is compressed in
     chunks of chunk_tokens (summing to len(prompt_ids)) or of chunk_size,
     keeping the protected tokens (reference_run). Stops after max_new_tokens
     or at a token in stop_ids (included).

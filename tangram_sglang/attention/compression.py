@@ -38,12 +38,16 @@ def group_keep_counts(meta: LayerMeta, chunk_lens) -> torch.Tensor:
 
 
 def score_chunks(scorer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 cu_seqlens: torch.Tensor, states=None) -> torch.Tensor:
+                 cu_seqlens: torch.Tensor, states=None, hidden: torch.Tensor | None = None) -> torch.Tensor:
     """Scores of every request's chunk, padded: float32 [B, H, n_max].
 
     Padding positions get -inf; real scores are clamped to >= -max_float so a
     real token always outranks padding. states: per-request ScorerState or None.
+    hidden: [T, D] the layer's input hidden states, for scorers with needs_hidden.
     """
+    needs_hidden = getattr(scorer, "needs_hidden", False)
+    if needs_hidden and hidden is None:
+        raise ValueError(f"scorer {scorer.name!r} needs the layer's hidden states")
     cu = [int(x) for x in cu_seqlens.tolist()]
     batch, n_max = len(cu) - 1, max((b - a for a, b in zip(cu, cu[1:])), default=0)
     out = torch.full((batch, k.shape[1], n_max), float("-inf"), device=k.device)
@@ -52,7 +56,9 @@ def score_chunks(scorer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         a, e = cu[b], cu[b + 1]
         if e > a:
             state = None if states is None else states[b]
-            out[b, :, : e - a] = torch.clamp(scorer.score(q[a:e], k[a:e], v[a:e], state).float(), min=lowest)
+            extra = {"hidden": hidden[a:e]} if needs_hidden else {}
+            out[b, :, : e - a] = torch.clamp(scorer.score(q[a:e], k[a:e], v[a:e], state, **extra).float(),
+                                             min=lowest)
     return out
 
 
@@ -74,18 +80,20 @@ def select_kept(scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
 
 def compress_and_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                        scorer, states, meta: LayerMeta, keep: torch.Tensor, out_loc: torch.Tensor,
-                       k_pages: torch.Tensor, v_pages: torch.Tensor, protect=None) -> torch.Tensor:
+                       k_pages: torch.Tensor, v_pages: torch.Tensor, protect=None,
+                       hidden: torch.Tensor | None = None) -> torch.Tensor:
     """Score each chunk, keep each head's top k_g(n) tokens, write them to out_loc.
 
     Parameters
     ----------
     q : [T, Hq, d]; k, v : [T, H, d], the batch's chunks, concatenated (after RoPE).
-    cu_seqlens : int [B + 1]; scorer : a Scorer; states : per-request ScorerState or None.
+    cu_seqlens : int [B + 1]; scorer : a Scorer (for this layer); states : per-request ScorerState or None.
     meta : LayerMeta; keep : int64 [B, G], slots per head of (b, g) (group_keep_counts).
     out_loc : int64 [sum(keep)], the reserved flat slots in (b, g, j) order (slot_locs).
     k_pages, v_pages : [num_pages, P, H_p, d], written in place.
     protect : [(lead, trail)] * B or None: each chunk's leading and trailing runs every head
         keeps (tangram_sglang.protection); keep must already count them.
+    hidden : [T, D] or None, the layer's input hidden states (scorers with needs_hidden).
 
     Returns
     -------
@@ -95,7 +103,7 @@ def compress_and_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
     expected = int(keep.sum())
     if out_loc.numel() != expected:
         raise ValueError(f"out_loc has {out_loc.numel()} slots, keep counts need {expected}")
-    scores = score_chunks(scorer, q, k, v, cu_seqlens, states)
+    scores = score_chunks(scorer, q, k, v, cu_seqlens, states, hidden)
     if protect is not None:
         protect_scores(scores, (cu_seqlens[1:] - cu_seqlens[:-1]).tolist(), protect)
     per_head = keep[:, meta.group_of_head]  # [B, H]

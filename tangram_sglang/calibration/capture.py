@@ -9,6 +9,8 @@ attention module by ``capturing(model, callback)``:
 
 q holds the chunk's queries; k and v the whole cache after this chunk's
 update (T = tokens so far), so the chunk's own keys are k[..., -n:, :].
+``hidden_inputs(model, sink)`` calls sink(layer_idx, hidden [n, D]) with each
+attention layer's input (after its input norm), for scorers that read it.
 Works for every model whose attention calls ``ALL_ATTENTION_FUNCTIONS``
 (Llama, Qwen2/3, Mistral, Gemma ...), without touching their source.
 """
@@ -64,3 +66,19 @@ def capturing(model, callback: Callable):
     finally:
         for m in mods:
             setattr(m, _ATTR, None)
+
+
+@contextmanager
+def hidden_inputs(model, sink):
+    """Call sink(layer, hidden [n, D]) with every attention layer's input while inside the block."""
+    handles = []
+    for mod in attention_modules(model):
+        def hook(m, args, kwargs, layer=mod.layer_idx):
+            x = kwargs.get("hidden_states", args[0] if args else None)
+            sink(layer, x[0])
+        handles.append(mod.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

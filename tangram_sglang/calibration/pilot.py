@@ -17,6 +17,7 @@ the hidden states.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +25,7 @@ import torch
 
 from ..scorers import Scorer, ScorerState
 from ..selection import global_topk_counts
-from .capture import CAPTURE_IMPL, capturing, register_capture_attention
+from .capture import CAPTURE_IMPL, capturing, hidden_inputs, register_capture_attention
 from .samples import PilotSample
 
 
@@ -67,13 +68,19 @@ class _ChunkRecorder:
         self.scorer, self.ratios = scorer, ratios
         self.states = [ScorerState() for _ in range(num_layers)]
         self.kept = np.zeros((len(ratios), num_layers, num_kv), dtype=np.int64)
+        self.hidden: dict[int, torch.Tensor] = {}
+
+    def take_hidden(self, layer: int, x: torch.Tensor) -> None:
+        self.hidden[layer] = x
 
     def __call__(self, layer: int, query, key, value) -> None:
         n = query.shape[2]
         q = query[0].transpose(0, 1)  # [n, Hq, d]
         k = key[0, :, -n:].transpose(0, 1)  # [n, H, d]
         v = value[0, :, -n:].transpose(0, 1)
-        scores = self.scorer.score(q, k, v, self.states[layer])
+        scorer = self.scorer.for_layer(layer)
+        extra = {"hidden": self.hidden.pop(layer)} if scorer.needs_hidden else {}
+        scores = scorer.score(q, k, v, self.states[layer], **extra)
         for i, r in enumerate(self.ratios):
             self.kept[i, layer] += global_topk_counts(scores, r).numpy()
 
@@ -94,7 +101,8 @@ def run_sample(model, sample: PilotSample, scorer: Scorer, cfg: PilotConfig) -> 
     ids = torch.tensor([sample.token_ids], dtype=torch.long)
     recorder = _ChunkRecorder(scorer, cfg.ratios, num_layers, num_kv)
     cache = DynamicCache(config=model.config)
-    with capturing(model, recorder):
+    hooks = hidden_inputs(model, recorder.take_hidden) if scorer.needs_hidden else nullcontext()
+    with capturing(model, recorder), hooks:
         for start in range(0, ids.shape[1], cfg.chunk_size):
             model(input_ids=ids[:, start:start + cfg.chunk_size], past_key_values=cache,
                   use_cache=True, logits_to_keep=1)

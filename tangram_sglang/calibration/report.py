@@ -54,16 +54,19 @@ def ratio_report(cal: np.ndarray, held: np.ndarray, cal_src: list[str], held_src
 
 
 def regularity_report(cal: list[SampleRetention], held: list[SampleRetention], ratios: tuple[float, ...],
-                      alpha: float, meta: dict) -> dict:
+                      alpha: float, meta: dict, gate: dict | None = None) -> dict:
     cal_arr = stack(cal)
     held_arr = stack(held) if held else np.zeros((0, *cal_arr.shape[1:]))
     cal_src, held_src = [r.source for r in cal], [r.source for r in held]
-    return {
+    out = {
         "meta": meta,
         "samples": {"calibration": _counts(cal), "heldout": _counts(held)},
         "ratios": [ratio_report(cal_arr[:, i], held_arr[:, i], cal_src, held_src, r, alpha)
                    for i, r in enumerate(ratios)],
     }
+    if gate is not None:
+        out["gate"] = gate
+    return out
 
 
 def _counts(results: list[SampleRetention]) -> dict:
@@ -123,7 +126,27 @@ def markdown(report: dict) -> str:
               "mu range = mean over layers of max_h mu - min_h mu (how different heads are), against the "
               "mean per-head sigma (how much one head varies).",
               "", "All figures in report.json; per-head boxes in retention.png (like the paper's Figure 5)."]
+    if "gate" in report:
+        lines += gate_markdown(report["gate"])
     return "\n".join(lines) + "\n"
+
+
+def gate_markdown(gate: dict) -> list[str]:
+    """The FastKVzip gate section: training and held-out ranking against KVzip."""
+    lines = ["", "## FastKVzip gate", "",
+             f"- File `{gate['file']}` (sha256 {gate['sha256'][:16]}...), {gate['train_rows_per_layer']} "
+             f"training rows per layer (KVzip scores of the calibration samples), {gate['steps']} Adam steps "
+             f"per layer; KVzip pass {gate['seconds_kvzip']} s, training {gate['seconds_training']} s.",
+             f"- Final log-score MSE per layer: min {min(gate['final_log_mse'])}, max {max(gate['final_log_mse'])}."]
+    held = gate.get("heldout")
+    if held:
+        lines += ["", f"Held-out ranking against KVzip ({held['samples']} samples, every (sample, layer, head), "
+                  "sinks left out):", "",
+                  "| measure | gate | random ranking |", "|---|---|---|",
+                  f"| Spearman with KVzip, mean [min] | {held['spearman_mean']} [{held['spearman_min']}] | 0 |"]
+        for r, v in held["topk_recall"].items():
+            lines.append(f"| recall of KVzip's per-head top {r} per chunk | {v} | {held['random_recall'][r]} |")
+    return lines
 
 
 def write_report(folder: str, report: dict, cal: list[SampleRetention], held: list[SampleRetention],

@@ -12,6 +12,9 @@ state: a ScorerState for this (request, layer), or None. Scorers that need
    history across chunks (e.g. running query statistics) read and update it;
    every scorer advances state.tokens_seen by n (the caller does not), so
    tokens_seen is the sequence position of the next chunk's first token.
+Scorers with ``needs_hidden`` also take ``hidden`` [n, D], the layer's input
+hidden states (after its input norm); ``for_layer(l)`` returns the scorer for
+layer l's chunks (the same object unless the scorer has per-layer weights).
 Higher score = more important. Ties are broken by position (later wins) in
 the selection code, not here. Scorers must not modify q, k, v.
 """
@@ -35,6 +38,10 @@ class Scorer:
     """Base class. Subclasses set ``name`` and implement ``score``."""
 
     name: str = ""
+    needs_hidden: bool = False
+
+    def for_layer(self, layer: int) -> "Scorer":
+        return self
 
     def score(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               state: ScorerState | None = None) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import KeyNormScorer, Scorer
 from .expected_attention import ExpectedAttentionScorer
+from .fastkvzip import FastKVzipScorer
 from .keydiff import KeyDiffScorer
 from .snapkv import SnapKVScorer
 from .streaming_llm import StreamingLLMScorer
@@ -16,6 +17,7 @@ SCORERS: dict[str, type[Scorer]] = {
     "key_norm": KeyNormScorer,
     "streaming_llm": StreamingLLMScorer,
     "uniform": UniformScorer,
+    "fastkvzip": FastKVzipScorer,  # needs trained gates: see profile_scorer
 }
 ALIASES = {"ea": "expected_attention", "keynorm": "key_norm", "streamingllm": "streaming_llm"}
 

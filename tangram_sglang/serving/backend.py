@@ -5,7 +5,9 @@ batch's page tables once (extend: draws each request's next chunk pages;
 decode: appends one slot per virtual layer). Per layer:
 
 * extend: chunk queries attend to each group's cached slots plus the chunk's
-  own K/V (causal), merged by log-sum-exp; then the scorer rates the chunk,
+  own K/V (causal), merged by log-sum-exp; then the scorer rates the chunk
+  (scorers that read the layer's input hidden states get them from a forward
+  pre-hook on each attention module, registered at the first extend),
   each head keeps its group's keep count (protected sinks and newest tokens
   first), and only those K/V are written.
 * decode: the new token's K/V go to every group; attention runs per group over
@@ -28,6 +30,25 @@ from .runtime import current
 CPU_TILE = 256
 
 
+def hook_hidden_inputs(model, store: dict) -> bool:
+    """Keep each attention module's input hidden states [T, D] in store[layer_id] (forward pre-hooks)."""
+    count = 0
+    for mod in model.modules():
+        attn = getattr(mod, "attn", None)
+        if attn is None or not hasattr(attn, "layer_id") or not hasattr(attn, "tp_k_head_num"):
+            continue
+
+        def keep(m, args, kwargs, lid=attn.layer_id):
+            x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[1]
+            store[lid] = x[0] if isinstance(x, tuple) else x
+
+        mod.register_forward_pre_hook(keep, with_kwargs=True)
+        count += 1
+    if count == 0:
+        raise RuntimeError(f"tangram: no attention modules found in {type(model).__name__} to read hidden states")
+    return True
+
+
 class TangramAttnBackend(AttentionBackend):
     def __init__(self, model_runner):
         super().__init__()
@@ -35,7 +56,10 @@ class TangramAttnBackend(AttentionBackend):
         if self.serving is None or self.serving.cache is None:
             raise RuntimeError("the tangram attention backend needs --tangram-profile")
         self.device = model_runner.device
+        self.runner = model_runner
         self.plan = None
+        self.hidden: dict[int, torch.Tensor] = {}
+        self.hooked = False
         self.tile = CPU_TILE if str(self.device).startswith("cpu") else None
 
     def init_forward_metadata(self, forward_batch):
@@ -45,6 +69,8 @@ class TangramAttnBackend(AttentionBackend):
         if mode.is_decode():
             self.plan = self.serving.decode_metadata(rids)
         elif mode.is_extend():
+            if self.serving.scorer.needs_hidden and not self.hooked:
+                self.hooked = hook_hidden_inputs(self.runner.model, self.hidden)
             ext = forward_batch.extend_seq_lens_cpu
             ext = ext.tolist() if hasattr(ext, "tolist") else list(ext)
             self.plan = self.serving.extend_metadata(rids, ext)
@@ -67,8 +93,9 @@ class TangramAttnBackend(AttentionBackend):
         o = ragged_prefill_chunk_torch(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
                                        plan.seq_lens[lid], meta, layer.scaling)
         if save_kv_cache:
-            compress_and_write(q3, k3, v3, self.cu_seqlens, self.serving.scorer, plan.states[lid], meta,
-                               plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect)
+            compress_and_write(q3, k3, v3, self.cu_seqlens, self.serving.scorer.for_layer(lid), plan.states[lid],
+                               meta, plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect,
+                               hidden=self.hidden.pop(lid, None))
         return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

@@ -27,7 +27,8 @@ from ..pool.page_data import KVPageData
 from ..pool.spec import PoolSpec, RequestTooLargeError
 from ..profile import ModelShape, TangramProfile, load_profile
 from ..protection import Protection, chunk_protection, min_keep
-from ..scorers import ScorerState, get_scorer
+from ..profile_scorer import profile_scorer
+from ..scorers import ScorerState
 
 DEFAULT_CHUNK = 512
 _CURRENT: "TangramServing | None" = None
@@ -93,7 +94,7 @@ class TangramServing:
         self.profile = profile
         self.entry = profile.select(ratio)
         self.chunk = chunk_size_of(profile)
-        self.scorer = get_scorer(profile.calibration.method)
+        self.scorer = profile_scorer(profile, path)
         self.requests: dict[str, RequestState] = {}
         self.row_to_rid: dict[int, str] = {}
         self.counters = PoolCounters()
