@@ -44,3 +44,27 @@ def test_calibrate_smollm2_end_to_end(tmp_path):
     assert rep["samples"]["heldout"]["count"] == 3
     assert 0.0 <= r["heldout"]["coverage"]["share_covered"] <= 1.0
     assert r["spend"]["mean"] >= 1.0  # mu + 2 sigma >= mu, and sum mu ~ rho H
+
+
+@pytest.mark.slow
+def test_calibrate_fastkvzip_writes_gates_named_in_the_profile(tmp_path):
+    from tangram_sglang.profile_scorer import profile_scorer
+    from tangram_sglang.scorers.fastkvzip import FastKVzipScorer, file_sha256
+
+    out = str(tmp_path / "smol-fkz.yaml")
+    rc = main(["--model-path", smollm2_folder(), "--method", "fastkvzip", "--ratio", "0.5", "--samples", "3",
+               "--heldout", "2", "--min-tokens", "300", "--max-tokens", "360", "--heads-per-group", "1",
+               "--parallel-capacity", "12", "--gate-steps", "20", "--no-progress", "-o", out])
+    assert rc == 0
+    prof = load_profile(out)
+    gate = tmp_path / "smol-fkz.gate.safetensors"
+    assert prof.calibration.method == "fastkvzip" and prof.calibration.weights == gate.name
+    assert prof.calibration.weights_sha256 == file_sha256(str(gate))
+    assert isinstance(profile_scorer(prof, out), FastKVzipScorer)
+    np.testing.assert_allclose(prof.select(0.5).mean.sum(axis=1), 1.5, atol=0.01)
+    with open(tmp_path / "smol-fkz.report" / "report.json") as f:
+        rep = json.load(f)
+    held = rep["gate"]["heldout"]
+    assert rep["gate"]["train_rows_per_layer"] == 3 * 256 and held["samples"] == 2
+    assert -1.0 <= held["spearman_mean"] <= 1.0 and set(held["topk_recall"]) == {"0.5"}
+    assert "FastKVzip gate" in (tmp_path / "smol-fkz.report" / "report.md").read_text()

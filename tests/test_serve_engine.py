@@ -73,12 +73,13 @@ def test_full_budget_profile_matches_stock_sglang(smollm2_path, prompts, tmp_pat
     assert served == stock
 
 
-@pytest.mark.parametrize("method,ratio", [("snapkv", 0.25), ("keydiff", 0.5)])
+@pytest.mark.parametrize("method,ratio", [("snapkv", 0.25), ("keydiff", 0.5), ("fastkvzip", 0.5)])
 def test_compressed_serving_matches_torch_reference(smollm2_path, prompts, method, ratio):
     import torch
     from transformers import AutoModelForCausalLM
 
     from tangram_sglang.profile import load_profile
+    from tangram_sglang.profile_scorer import profile_scorer
     from tangram_sglang.serving_reference import reference_generate
 
     path = REPO_CONFIGS / f"smollm2-{method}.yaml"
@@ -87,9 +88,10 @@ def test_compressed_serving_matches_torch_reference(smollm2_path, prompts, metho
     pool = info["pool_info"]
     assert info["ratio"] == ratio and pool["integrity"] == "ok" and pool["saved_vs_full_kv"] > 0
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
-    entry = load_profile(str(path)).select(ratio)
+    profile = load_profile(str(path))
+    entry, scorer = profile.select(ratio), profile_scorer(profile, str(path))  # fastkvzip: its trained gates
     for prompt, out, out_batched in zip(prompts, served, batched):
-        ref = reference_generate(model, entry, heads_per_group=1, method=method, prompt_ids=prompt,
+        ref = reference_generate(model, entry, heads_per_group=1, method=scorer, prompt_ids=prompt,
                                  max_new_tokens=NEW_TOKENS)
         assert out == ref, f"{len(prompt)}-token prompt"
         assert out_batched == ref, f"{len(prompt)}-token prompt, batched"

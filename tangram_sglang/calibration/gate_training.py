@@ -33,7 +33,7 @@ def training_rows(samples: list[KVzipSample], layer: int) -> tuple[torch.Tensor,
 
 
 def fit_layer(gate: LayerGate, x: torch.Tensor, y: torch.Tensor, *, steps: int = 300, lr: float = 3e-3,
-              batch: int = 4096, seed: int = 0) -> float:
+              batch: int = 1024, seed: int = 0) -> float:
     """Fit one gate in place; returns the final mean squared error of log scores."""
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(gate.parameters(), lr=lr)
