@@ -18,6 +18,7 @@ import time
 
 from .budgets import MIN_BUDGET
 from .calibration.gate_calibration import calibrate_gates
+from .calibration.kvzip import kvzip_pilot, repeat_prefix_ids
 from .calibration.pilot import PilotConfig, load_model, run_pilot
 from .calibration.report import regularity_report, write_report
 from .calibration.samples import SOURCES, SampleSpec, build_samples
@@ -33,7 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m tangram_sglang.calibrate", description=__doc__.split("\n")[0])
     ap.add_argument("--model-path", required=True, help="Hugging Face model folder")
     ap.add_argument("--method", required=True,
-                    help="scorer: snapkv, expected_attention, keydiff, ..., or fastkvzip (trains KVzip gates)")
+                    help="scorer: snapkv, expected_attention, keydiff, ..., kvzip (context reconstruction), "
+                         "or fastkvzip (trains gates that predict KVzip)")
     ap.add_argument("--ratio", type=float, action="append", required=True, help="target ratio; repeatable")
     ap.add_argument("--default-ratio", type=float, default=None,
                     help="ratio served by default (default: the first --ratio)")
@@ -91,10 +93,17 @@ def calibrate(args: argparse.Namespace) -> dict:
         gate = calibrate_gates(model, tok, cal_samples, held_samples, profile_path=args.output,
                                chunk_size=args.chunk_size, ratios=ratios, steps=args.gate_steps, seed=args.seed,
                                progress=not args.no_progress)
-    scorer = gate.scorer if gate else get_scorer(args.method)
-    cal = run_pilot(model, cal_samples, scorer, cfg, "calibration", not args.no_progress)
-    t_cal = time.perf_counter() - t1
-    held = run_pilot(model, held_samples, scorer, cfg, "held-out", not args.no_progress) if held_samples else []
+    scorer_args = {}
+    if args.method == "kvzip":  # scores need a reconstruction pass: the pilot is kvzip_sample's
+        scorer_args = {"prefix_ids": repeat_prefix_ids(tok)}
+        cal = kvzip_pilot(model, tok, cal_samples, cfg, "calibration", not args.no_progress)
+        t_cal = time.perf_counter() - t1
+        held = kvzip_pilot(model, tok, held_samples, cfg, "held-out", not args.no_progress)
+    else:
+        scorer = gate.scorer if gate else get_scorer(args.method)
+        cal = run_pilot(model, cal_samples, scorer, cfg, "calibration", not args.no_progress)
+        t_cal = time.perf_counter() - t1
+        held = run_pilot(model, held_samples, scorer, cfg, "held-out", not args.no_progress) if held_samples else []
     capacity = args.parallel_capacity or device_parallel_capacity()
     stats = [ratio_stats([r.retention[i] for r in cal], ratio, args.alpha) for i, ratio in enumerate(ratios)]
     entries = [make_entry(s.ratio, s.budgets, s.mean, s.std, heads_per_group=args.heads_per_group,
@@ -104,7 +113,8 @@ def calibrate(args: argparse.Namespace) -> dict:
             f"{args.min_tokens}-{args.max_tokens} tokens, seed {args.seed}; budgets floored at {MIN_BUDGET}")
     meta = CalibrationMeta(method=args.method, target_ratios=ratios, alpha=args.alpha, num_samples=len(cal),
                            sources=sources, chunk_size=args.chunk_size, date=today(), tool_version=tool_version(),
-                           note=note, weights=gate.weights if gate else "", weights_sha256=gate.sha256 if gate else "")
+                           note=note, weights=gate.weights if gate else "", weights_sha256=gate.sha256 if gate else "",
+                           scorer_args=scorer_args)
     profile = build_profile(shape, meta, entries, heads_per_group=args.heads_per_group, grouping=args.grouping,
                             parallel_capacity=capacity, default_ratio=args.default_ratio)
     profile.save(args.output)

@@ -17,6 +17,7 @@ File format ``tangram-profile`` version 1 (YAML)::
       note: ""                   # free text, e.g. where imported data came from
       weights: p.gate.safetensors  # only for scorers with weights (fastkvzip), beside the profile
       weights_sha256: "..."      # checked at launch
+      scorer_args: {prefix_ids: [...]}  # only for scorers with options (kvzip: the repeat prompt's ids)
     heads_per_group: 2
     grouping: budget_aware       # or adjacent
     parallel_capacity: 132       # CTAs the split maps were computed for
@@ -107,6 +108,7 @@ class CalibrationMeta:
     note: str = ""
     weights: str = ""  # scorer weights file beside the profile (fastkvzip gates), or ""
     weights_sha256: str = ""
+    scorer_args: dict = field(default_factory=dict)  # options for the scorer (kvzip: prefix_ids)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,7 +193,7 @@ def _calibration_to_dict(meta: CalibrationMeta) -> dict:
     out = dataclasses.asdict(meta)
     out["target_ratios"] = [float(r) for r in meta.target_ratios]
     out["sources"] = list(meta.sources)
-    for key in ("weights", "weights_sha256"):
+    for key in ("weights", "weights_sha256", "scorer_args"):
         if not out[key]:
             del out[key]
     return out

@@ -13,7 +13,7 @@ import os
 
 from .profile import ProfileError, TangramProfile
 from .scorers import Scorer, canonical_name, get_scorer
-from .scorers.fastkvzip import file_sha256, load_gates, FastKVzipScorer
+from .scorers.fastkvzip import FastKVzipScorer, file_sha256, load_gates
 
 WEIGHTED = {"fastkvzip"}
 
@@ -27,11 +27,13 @@ def weights_path(profile: TangramProfile, profile_path: str) -> str | None:
 
 
 def check_scorer_weights(profile: TangramProfile, profile_path: str) -> None:
-    """ProfileError unless a weighted scorer's file exists and matches its recorded sha256."""
+    """ProfileError unless a weighted scorer's file exists and matches its recorded sha256,
+    and the scorer accepts the profile's scorer_args."""
     method = profile.calibration.method
-    path = weights_path(profile, profile_path)
     if method not in WEIGHTED:
+        profile_scorer(profile, profile_path)  # cheap without weights: validates the method and scorer_args
         return
+    path = weights_path(profile, profile_path)
     if path is None:
         raise ProfileError("calibration.weights", f"scorer {method!r} needs a weights file; the profile names none")
     if not os.path.isfile(path):
@@ -47,9 +49,15 @@ def check_scorer_weights(profile: TangramProfile, profile_path: str) -> None:
 
 def profile_scorer(profile: TangramProfile, profile_path: str) -> Scorer:
     """The scorer the profile was calibrated with, its weights loaded and checked."""
-    method = canonical_name(profile.calibration.method)
+    try:
+        method = canonical_name(profile.calibration.method)
+    except ValueError as exc:
+        raise ProfileError("calibration.method", str(exc)) from None
     if method not in WEIGHTED:
-        return get_scorer(method)
+        try:
+            return get_scorer(method, **profile.calibration.scorer_args)
+        except ValueError as exc:
+            raise ProfileError("calibration.scorer_args", str(exc)) from None
     check_scorer_weights(profile, profile_path)
     path = weights_path(profile, profile_path)
     try:

@@ -86,7 +86,16 @@ def parse_calibration(raw) -> CalibrationMeta:
         note=str(raw.get("note", "")),
         weights=str(raw.get("weights", "") or ""),
         weights_sha256=str(raw.get("weights_sha256", "") or ""),
+        scorer_args=_scorer_args(raw.get("scorer_args")),
     )
+
+
+def _scorer_args(raw) -> dict:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) for k in raw):
+        raise ProfileError("calibration.scorer_args", f"must be a mapping of option names, got {raw!r}")
+    return dict(raw)
 
 
 def _check_budgets(budgets: np.ndarray, name: str) -> None:

@@ -19,6 +19,9 @@ Semantics for one request, greedy, float32:
   count. Benchmarks also run the dynamic method the profile freezes
   (``DynamicSelection``: per-chunk global top-k over the layer's heads, paper
   Eq. 3) and a uniform budget (``UniformSelection``) through the same oracle.
+* A reconstruction scorer (KVzip, scorers/kvzip.py) scores the chunk after it
+  has run through every layer: prefix + chunk tokens run once more after it,
+  attending to the kept history, the whole chunk and themselves (not stored).
 * The first generated token is the argmax at the last prompt position. Every
   decode token at position p attends to all kept positions plus itself and
   earlier decode tokens; decode tokens are never compressed.
@@ -225,20 +228,64 @@ class _DenseTangram:
         return q[0].transpose(0, 1), k[0].transpose(0, 1), v
 
     def _compress(self, layer: int, q, k, v, start: int, hidden: torch.Tensor) -> None:
-        """Mark the positions of this chunk the selection policy keeps in this layer."""
+        """Score this chunk in this layer and mark what the selection policy keeps."""
         state = self.states[layer]
         if state.tokens_seen != start:
             raise RuntimeError(f"scorer state at {state.tokens_seen}, chunk starts at {start}")
         scorer = self.scorer.for_layer(layer)
         extra = {"hidden": hidden} if scorer.needs_hidden else {}
-        scores = scorer.score(q, k, v, state, **extra)
+        self._select(layer, scorer.score(q, k, v, state, **extra), start)
+
+    def _select(self, layer: int, scores: torch.Tensor, start: int) -> None:
+        """Mark the positions of the chunk at start (scores float [H, n]) the selection policy keeps."""
         if torch.isnan(scores).any():
             raise ValueError("scorer returned NaN")
-        n = k.shape[0]
+        n = scores.shape[1]
         prompt_end = next((t for t in self.turn_ends if t >= start + n), start + n)
         protect = chunk_protection(self.protection, start, [n], prompt_end)
         scores = protect_scores(scores.float().clone()[None], [n], protect)[0]
         self.cache[layer].kept[:, start:start + n] = self.selection.kept_mask(layer, scores, sum(protect[0]))
+
+    def _reconstruct(self, ids: list[int], start: int) -> None:
+        """KVzip: run prefix + chunk after the chunk at start, score the chunk, select (scorers/kvzip.py).
+
+        The reconstruction tokens attend to the kept history, the whole chunk and themselves; their
+        K/V is not stored."""
+        n = len(ids)
+        rec = list(self.scorer.prefix_ids) + list(ids)
+        m = len(rec)
+        x = self.inner.embed_tokens(torch.tensor(rec))
+        cos, sin = self.inner.rotary_emb(x[None], torch.arange(start + n, start + n + m)[None])
+        scores = []
+        for layer, block in enumerate(self.inner.layers):
+            q, k, v = self._qkv(block.self_attn, block.input_layernorm(x), cos, sin)
+            cache = self.cache[layer]
+            before = cache.kept[:, :start]
+            allowed = torch.cat([before[:, None, :].expand(-1, m, -1), torch.ones(self.num_kv, m, n, dtype=torch.bool),
+                                 torch.ones(m, m, dtype=torch.bool).tril()[None].expand(self.num_kv, -1, -1)], dim=2)
+            out = masked_attention(q, torch.cat([cache.k, k]), torch.cat([cache.v, v]), allowed)
+            scores.append(self._kvzip_scores(q, cache.k, k, before, start, n))
+            x = x + block.self_attn.o_proj(out.reshape(m, -1))
+            x = x + block.mlp(block.post_attention_layernorm(x))
+        for layer, sc in enumerate(scores):
+            self.states[layer].tokens_seen += n
+            self._select(layer, sc, start)
+
+    def _kvzip_scores(self, q, cache_k, k_rec, before, start: int, n: int) -> torch.Tensor:
+        """Max softmax probability over reconstruction queries and GQA heads, per chunk entry: [H, n].
+
+        Softmax over the head's first ``sinks`` kept positions, the chunk and the causal reconstruction."""
+        m, group = q.shape[0], self.num_q // self.num_kv
+        out = torch.zeros(self.num_kv, n)
+        for h in range(self.num_kv):
+            sinks = torch.nonzero(before[h]).flatten()[: self.scorer.sinks]
+            keys = torch.cat([cache_k[sinks, h], cache_k[start:start + n, h], k_rec[:, h]])  # [S + n + m, d]
+            logits = torch.einsum("mgd,cd->gmc", q[:, h * group:(h + 1) * group], keys) / math.sqrt(q.shape[-1])
+            col = torch.arange(keys.shape[0]) - len(sinks) - n
+            logits = logits.masked_fill(col[None, None, :] > torch.arange(m)[None, :, None], float("-inf"))
+            probs = torch.softmax(logits, dim=-1)[..., len(sinks):len(sinks) + n]
+            out[h] = probs.amax(dim=(0, 1))
+        return out
 
     def forward(self, ids: list[int], start: int, compress: bool) -> torch.Tensor:
         """Run tokens at positions start .. start + n - 1; returns logits float32 [V] of the last.
@@ -258,11 +305,14 @@ class _DenseTangram:
             out = masked_attention(q, cache.k, cache.v, allowed)
             x = x + block.self_attn.o_proj(out.reshape(n, -1))
             x = x + block.mlp(block.post_attention_layernorm(x))
-            if compress:
+            if compress and not self.scorer.needs_reconstruction:
                 self._compress(layer, q, k, v, start, hidden)
-            else:
+            elif not compress:
                 cache.kept[:, start:] = True
-        return self.model.lm_head(self.inner.norm(x[-1:]))[0].float()
+        logits = self.model.lm_head(self.inner.norm(x[-1:]))[0].float()
+        if compress and self.scorer.needs_reconstruction:
+            self._reconstruct(ids, start)
+        return logits
 
 
 @torch.no_grad()

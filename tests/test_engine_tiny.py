@@ -42,3 +42,49 @@ def test_profile_reaches_spawned_scheduler(tiny_llama, tmp_path):
     pool = info["pool_info"]
     assert pool["integrity"] == "ok" and pool["pages_total"] == 2048 * (2 * 2 * 2 * 16 * 4) // pool["page_bytes"]  # stock bytes
     assert outs == hf  # a 1.0 profile on the ragged pool is lossless
+
+
+def _scorer_profile(tmp_path, model_path, method, ratio=0.4, chunk=48, **calibration):
+    """A non-uniform profile for the tiny model served with ``method`` (scorer_args etc. in calibration)."""
+    import dataclasses
+
+    import numpy as np
+
+    from tangram_sglang.profile import ModelShape
+    from tangram_sglang.profile_builder import make_entry
+    from tangram_sglang.uniform_profile import uniform_profile
+
+    prof = uniform_profile(ModelShape.from_model_path(model_path), [ratio], parallel_capacity=8)
+    budgets = np.array([[ratio, min(1.0, 2 * ratio)], [min(1.0, 1.5 * ratio), ratio]])
+    entry = make_entry(ratio, budgets, budgets, np.zeros_like(budgets), heads_per_group=1,
+                       grouping="budget_aware", parallel_capacity=8)
+    meta = dataclasses.replace(prof.calibration, method=method, chunk_size=chunk, **calibration)
+    prof = dataclasses.replace(prof, calibration=meta, entries=(entry,), default_ratio=ratio)
+    path = tmp_path / f"{method}.yaml"
+    prof.save(str(path))
+    return str(path)
+
+
+def test_kvzip_reconstruction_served_equals_the_oracle(tiny_llama, tmp_path):
+    """KVzip in the server (reconstruction pass inside each prefill, its KV never stored) serves the
+    tokens of the dense oracle that runs the same pass; pool integrity and reserved == used hold."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tangram_sglang.profile import load_profile
+    from tangram_sglang.profile_scorer import profile_scorer
+    from tangram_sglang.serving_reference import reference_generate
+
+    path, _, _ = tiny_llama
+    profile = _scorer_profile(tmp_path, path, "kvzip", scorer_args={"prefix_ids": [1, 17, 23, 5, 9]})
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (150, 230, 97)]
+    outs, info = run_engine(path, prompts, tangram_profile=profile)
+    pool = info["pool_info"]
+    assert pool["integrity"] == "ok" and pool["saved_vs_full_kv"] > 0
+    prof = load_profile(profile)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for prompt, out in zip(prompts, outs):
+        ref = reference_generate(model, prof.select(), heads_per_group=1, method=profile_scorer(prof, profile),
+                                 prompt_ids=prompt, max_new_tokens=16, chunk_size=48)
+        assert out == ref, f"{len(prompt)}-token prompt"

@@ -21,7 +21,7 @@ def t(rows):
 
 # ---- contract, for all scorers ---------------------------------------------------------------
 
-@pytest.mark.parametrize("name", [n for n in scorer_names() if n != "fastkvzip"])  # gates: test_fastkvzip
+@pytest.mark.parametrize("name", [n for n in scorer_names() if n not in ("fastkvzip", "kvzip")])  # own tests
 @pytest.mark.parametrize("n,hq,h", [(17, 6, 2), (1, 3, 3), (54, 4, 1)])
 def test_contract(name, n, hq, h):
     g = torch.Generator().manual_seed(n)
@@ -40,7 +40,7 @@ def test_contract(name, n, hq, h):
 
 def test_registry():
     assert set(scorer_names()) == {"snapkv", "expected_attention", "keydiff", "key_norm", "streaming_llm",
-                                   "uniform", "fastkvzip"}
+                                   "uniform", "fastkvzip", "kvzip"}
     assert isinstance(get_scorer("ea"), ExpectedAttentionScorer)
     assert get_scorer("snapkv", window=8).window == 8
     with pytest.raises(ValueError, match="known scorers: snapkv"):

@@ -81,7 +81,7 @@ def select_kept(scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
 def compress_and_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                        scorer, states, meta: LayerMeta, keep: torch.Tensor, out_loc: torch.Tensor,
                        k_pages: torch.Tensor, v_pages: torch.Tensor, protect=None,
-                       hidden: torch.Tensor | None = None) -> torch.Tensor:
+                       hidden: torch.Tensor | None = None, scores: torch.Tensor | None = None) -> torch.Tensor:
     """Score each chunk, keep each head's top k_g(n) tokens, write them to out_loc.
 
     Parameters
@@ -94,6 +94,8 @@ def compress_and_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
     protect : [(lead, trail)] * B or None: each chunk's leading and trailing runs every head
         keeps (tangram_sglang.protection); keep must already count them.
     hidden : [T, D] or None, the layer's input hidden states (scorers with needs_hidden).
+    scores : float32 [B, H, n_max] or None: scores already computed (a reconstruction pass,
+        -inf past each chunk); the scorer is then not called.
 
     Returns
     -------
@@ -103,7 +105,16 @@ def compress_and_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
     expected = int(keep.sum())
     if out_loc.numel() != expected:
         raise ValueError(f"out_loc has {out_loc.numel()} slots, keep counts need {expected}")
-    scores = score_chunks(scorer, q, k, v, cu_seqlens, states, hidden)
+    if scores is None:
+        scores = score_chunks(scorer, q, k, v, cu_seqlens, states, hidden)
+    else:
+        scores = torch.clamp(scores.float(), min=torch.finfo(torch.float32).min)
+        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(scores.device)
+        pad = torch.arange(scores.shape[-1], device=scores.device)[None, None, :] >= lens[:, None, None]
+        scores = scores.masked_fill(pad, float("-inf"))
+        for b, state in enumerate(states or ()):
+            if state is not None:
+                state.tokens_seen += int(lens[b])
     if protect is not None:
         protect_scores(scores, (cu_seqlens[1:] - cu_seqlens[:-1]).tolist(), protect)
     per_head = keep[:, meta.group_of_head]  # [B, H]

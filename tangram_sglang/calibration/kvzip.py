@@ -85,10 +85,13 @@ def chunk_scores(query: torch.Tensor, key: torch.Tensor, s: int, e: int) -> torc
 
 @torch.inference_mode()
 def kvzip_sample(model, tokenizer, sample, *, chunk_size: int = 512, ratios: tuple[float, ...] = (),
-                 gate_rows: int = 256, seed: int = 0, gates=None) -> KVzipSample:
+                 gate_rows: int = 256, seed: int = 0, gates=None,
+                 resume_tokens: int = RESUME_TOKENS) -> KVzipSample:
     """KVzip scores of one PilotSample (see module docstring); model from pilot.load_model.
 
     gates: optional per-layer FastKVzip gates, run on every token's hidden states (held-out checks).
+    resume_tokens: tokens before the chunk repeated after the instruction (kvpress uses 8; the served
+    KVzip scorer uses 0: it knows only the chunk's own ids).
     """
     from transformers import DynamicCache
 
@@ -98,7 +101,7 @@ def kvzip_sample(model, tokenizer, sample, *, chunk_size: int = 512, ratios: tup
     n = len(ids)
     prefix = repeat_prefix_ids(tokenizer)
     rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(np.arange(SINKS, n), size=min(gate_rows, n - SINKS), replace=False))
+    rows = np.sort(rng.choice(np.arange(SINKS, n), size=max(0, min(gate_rows, n - SINKS)), replace=False))
     num_layers = len(attention_modules(model))
     hidden_rows: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
     layer_scores: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
@@ -119,14 +122,15 @@ def kvzip_sample(model, tokenizer, sample, *, chunk_size: int = 512, ratios: tup
         def score(layer, query, key, value, s=s, e=e):
             layer_scores[layer].append(chunk_scores(query, key, s, e))
 
-        recon = prefix + ids[max(0, s - RESUME_TOKENS):s] + ids[s:e]
+        recon = prefix + (ids[max(0, s - resume_tokens):s] if resume_tokens else []) + ids[s:e]
         with capturing(model, score):
             model(input_ids=torch.tensor([recon]), past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache.crop(-len(recon))  # drop the reconstruction tokens: back to e entries
     scores = [torch.cat(per_layer, dim=1) for per_layer in layer_scores]
     retention = _retention(scores, chunks, ratios, n)
     return KVzipSample(source=sample.source, kind=sample.kind, num_tokens=n, scores=scores, chunks=chunks,
-                       rows=torch.as_tensor(rows), hidden=torch.stack([torch.cat(h) for h in hidden_rows]),
+                       rows=torch.as_tensor(rows, dtype=torch.int64),
+                       hidden=torch.stack([torch.cat(h) for h in hidden_rows]),
                        retention=retention, gate_scores=[torch.cat(p, dim=1) for p in predicted if p])
 
 
@@ -138,3 +142,18 @@ def _retention(scores: list[torch.Tensor], chunks, ratios, n: int) -> np.ndarray
             for i, r in enumerate(ratios):
                 out[i, layer] += global_topk_counts(sc[:, s:e], r).numpy()
     return out / float(n)
+
+
+def kvzip_pilot(model, tokenizer, samples, cfg, desc: str = "KVzip pilot", progress: bool = True) -> list:
+    """The pilot (calibration/pilot.py) for the served KVzip scorer: retention of the global top-k of
+    each chunk's KVzip scores, reconstruction as served (no resume tokens). -> [SampleRetention]."""
+    from tqdm import tqdm
+
+    from .pilot import SampleRetention
+
+    out = []
+    for s in tqdm(samples, desc=desc, unit="sample", disable=not progress):
+        r = kvzip_sample(model, tokenizer, s, chunk_size=cfg.chunk_size, ratios=cfg.ratios, gate_rows=0,
+                         resume_tokens=0)
+        out.append(SampleRetention(source=s.source, kind=s.kind, num_tokens=r.num_tokens, retention=r.retention))
+    return out

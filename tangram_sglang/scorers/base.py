@@ -39,6 +39,7 @@ class Scorer:
 
     name: str = ""
     needs_hidden: bool = False
+    needs_reconstruction: bool = False  # scores come from an extra forward pass (scorers/kvzip.py)
 
     def for_layer(self, layer: int) -> "Scorer":
         return self

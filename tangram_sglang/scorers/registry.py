@@ -5,6 +5,7 @@ from __future__ import annotations
 from .base import KeyNormScorer, Scorer
 from .expected_attention import ExpectedAttentionScorer
 from .fastkvzip import FastKVzipScorer
+from .kvzip import KVzipScorer
 from .keydiff import KeyDiffScorer
 from .snapkv import SnapKVScorer
 from .streaming_llm import StreamingLLMScorer
@@ -18,6 +19,7 @@ SCORERS: dict[str, type[Scorer]] = {
     "streaming_llm": StreamingLLMScorer,
     "uniform": UniformScorer,
     "fastkvzip": FastKVzipScorer,  # needs trained gates: see profile_scorer
+    "kvzip": KVzipScorer,  # needs the repeat prompt's ids (calibration.scorer_args) and a reconstruction pass
 }
 ALIASES = {"ea": "expected_attention", "keynorm": "key_norm", "streamingllm": "streaming_llm"}
 

@@ -9,7 +9,9 @@ decode: appends one slot per virtual layer). Per layer:
   (scorers that read the layer's input hidden states get them from a forward
   pre-hook on each attention module, registered at the first extend),
   each head keeps its group's keep count (protected sinks and newest tokens
-  first), and only those K/V are written.
+  first), and only those K/V are written. A reconstruction scorer (KVzip)
+  holds the chunk back until its extra pass has scored it
+  (serving/reconstruction.py).
 * decode: the new token's K/V go to every group; attention runs per group over
   its own length, cut by the profile's split map (tiles on CPU).
 
@@ -25,6 +27,8 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from ..attention import compress_and_write, ragged_decode_torch, ragged_prefill_chunk_torch, write_decode_kv
+from ..attention.reconstruction import reconstruction_attention
+from .reconstruction import ReconstructionPass, run_reconstruction
 from .runtime import current
 
 CPU_TILE = 256
@@ -60,6 +64,8 @@ class TangramAttnBackend(AttentionBackend):
         self.plan = None
         self.hidden: dict[int, torch.Tensor] = {}
         self.hooked = False
+        self.recon = ReconstructionPass()
+        self.wrapped = False
         self.tile = CPU_TILE if str(self.device).startswith("cpu") else None
 
     def init_forward_metadata(self, forward_batch):
@@ -71,6 +77,9 @@ class TangramAttnBackend(AttentionBackend):
         elif mode.is_extend():
             if self.serving.scorer.needs_hidden and not self.hooked:
                 self.hooked = hook_hidden_inputs(self.runner.model, self.hidden)
+            if self.serving.scorer.needs_reconstruction and not self.wrapped:
+                self.wrapped = self._wrap_model_forward()
+            self.recon.reset()
             ext = forward_batch.extend_seq_lens_cpu
             ext = ext.tolist() if hasattr(ext, "tolist") else list(ext)
             self.plan = self.serving.extend_metadata(rids, ext)
@@ -83,6 +92,42 @@ class TangramAttnBackend(AttentionBackend):
         data = self.serving.data
         return data.k_pages, data.v_pages
 
+    def _wrap_model_forward(self) -> bool:
+        """After each extend forward, run the reconstruction pass and compress the held-back chunks."""
+        model = self.runner.model
+        inner = model.forward
+
+        def forward(*args, **kwargs):
+            out = inner(*args, **kwargs)
+            if self.recon.held:
+                fb = kwargs.get("forward_batch", args[2] if len(args) > 2 else None)
+                self._reconstruct_and_compress(model, fb)
+            return out
+
+        model.forward = forward
+        return True
+
+    def _reconstruct_and_compress(self, model, forward_batch) -> None:
+        plan, scorer = self.plan, self.serving.scorer
+        run_reconstruction(model, forward_batch, self.cu_seqlens, scorer.prefix_ids, self.recon)
+        k_pages, v_pages = self._pages()
+        for lid, (q3, k3, v3) in sorted(self.recon.held.items()):
+            compress_and_write(q3, k3, v3, self.cu_seqlens, scorer, plan.states[lid], self.serving.metas[lid],
+                               plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect,
+                               scores=self.recon.scores[lid])
+        self.recon.reset()
+
+    def _forward_reconstruction(self, q3, k3, v3, layer):
+        lid, plan = layer.layer_id, self.plan
+        _, k_chunk, v_chunk = self.recon.held[lid]
+        k_pages, v_pages = self._pages()
+        o, scores = reconstruction_attention(q3, k3, v3, self.recon.cu_rec, k_chunk, v_chunk, self.cu_seqlens,
+                                             k_pages, v_pages, plan.block_table[lid], plan.seq_lens[lid],
+                                             self.serving.metas[lid], layer.scaling,
+                                             sinks=self.serving.scorer.sinks)
+        self.recon.scores[lid] = scores
+        return o
+
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         lid, plan = layer.layer_id, self.plan
         meta = self.serving.metas[lid]
@@ -90,9 +135,14 @@ class TangramAttnBackend(AttentionBackend):
         q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         k3 = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
         v3 = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
+        if self.recon.active:
+            o = self._forward_reconstruction(q3, k3, v3, layer)
+            return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
         o = ragged_prefill_chunk_torch(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
                                        plan.seq_lens[lid], meta, layer.scaling)
-        if save_kv_cache:
+        if save_kv_cache and self.serving.scorer.needs_reconstruction:
+            self.recon.hold(lid, q3, k3, v3)  # compressed once the reconstruction pass has scored it
+        elif save_kv_cache:
             compress_and_write(q3, k3, v3, self.cu_seqlens, self.serving.scorer.for_layer(lid), plan.states[lid],
                                meta, plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect,
                                hidden=self.hidden.pop(lid, None))
