@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..scorers.fastkvzip import FastKVzipScorer, GateShape, save_gates
+from ..scorers.fastkvzip import FastKVzipScorer, GateShape, load_gates, save_gates
 from .gate_training import gate_ranking, train_gates
 from .kvzip import KVzipSample, kvzip_sample
 
@@ -58,6 +58,7 @@ def calibrate_gates(model, tok, cal_samples, held_samples, *, profile_path: str,
     path = gate_file(profile_path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     sha = save_gates(gates, path)
+    gates = load_gates(path, sha)  # what will be served (float16 weights): held-out and pilot use it too
     report = {"file": os.path.basename(path), "sha256": sha, "shape": gate_shape(model).__dict__,
               "train_rows_per_layer": int(sum(s.rows.numel() for s in cal)), "steps": steps,
               "final_log_mse": [round(x, 4) for x in losses],

@@ -142,11 +142,12 @@ def file_sha256(path: str) -> str:
 
 
 def save_gates(gates: list[LayerGate], path: str) -> str:
-    """Write every layer's gate to ``path`` (safetensors); returns the file's sha256."""
+    """Write every layer's gate to ``path`` (safetensors, float16: half the bytes, scores barely move;
+    load_gates returns float32 modules); returns the file's sha256."""
     from safetensors.torch import save_file
 
     shape = gates[0].shape
-    tensors = {f"layers.{i}.{k}": v.detach().float().contiguous().cpu()
+    tensors = {f"layers.{i}.{k}": v.detach().to(torch.float16).contiguous().cpu()
                for i, g in enumerate(gates) for k, v in g.state_dict().items()}
     meta = {"format": GATE_FORMAT, "shape": json.dumps(shape.__dict__)}
     save_file(tensors, path, metadata=meta)
@@ -169,7 +170,7 @@ def load_gates(path: str, sha256: str = "") -> list[LayerGate]:
                 raise ValueError(f"fastkvzip gate file {path} is not a {GATE_FORMAT} file")
             gates = new_gates(GateShape(**json.loads(meta["shape"])))
             for i, g in enumerate(gates):
-                g.load_state_dict({k: f.get_tensor(f"layers.{i}.{k}") for k in g.state_dict()})
+                g.load_state_dict({k: f.get_tensor(f"layers.{i}.{k}").float() for k in g.state_dict()})
     except ValueError:
         raise
     except Exception as exc:  # safetensors' own error types vary by version
