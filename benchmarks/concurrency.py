@@ -224,6 +224,12 @@ def full_kv_token_bytes(model_path: str, dtype_bytes: int = 4) -> int:
     return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * dtype_bytes
 
 
+def turns_per_s(mode: dict) -> float:
+    """Completed turns (every session's turn 1 and turn 2) per second of the mode's wall time."""
+    turns = sum(("turn1" in s) + ("turn2" in s) for s in mode["sessions"])
+    return turns / max(mode["wall_s"], 1e-9)
+
+
 def fmt_md(res: dict) -> str:
     a = res["args"]
     lines = [f"Command: `{res['command']}`", "",
@@ -233,8 +239,8 @@ def fmt_md(res: dict) -> str:
              f"generated per turn (greedy, ignore_eos). SmolLM2-135M-Instruct, float32 KV, CPU, "
              f"OMP_NUM_THREADS=1. Same `--max-total-tokens {a['max_total_tokens']}` for every server.", "",
              "| mode | T | pool MiB | peak concurrent sessions | vs stock | pool pages used peak | "
-             "saved vs full KV (end) | wall s | wall vs stock |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "saved vs full KV (end) | wall s | wall vs stock | turns / s | turns / s vs stock |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     stock = res["modes"][0]
     for m in res["modes"]:
         pool = m.get("pool_info")
@@ -242,7 +248,8 @@ def fmt_md(res: dict) -> str:
         saved = f"{100 * pool['saved_vs_full_kv']:.1f}%" if pool else "-"
         lines.append(f"| {m['mode']} | {m['max_total_tokens']} | {m['pool_bytes'] / 2**20:.1f} | {m['peak_running']} | "
                      f"{m['peak_running'] / stock['peak_running']:.2f}x | {pages} | {saved} | {m['wall_s']:.1f} | "
-                     f"{m['wall_s'] / stock['wall_s']:.2f} |")
+                     f"{m['wall_s'] / stock['wall_s']:.2f} | {turns_per_s(m):.3f} | "
+                     f"{turns_per_s(m) / turns_per_s(stock):.2f}x |")
     lines += ["", "Peak concurrent sessions = `batch_counters.peak_running` from `/server_info` after the run: the "
               "most requests ever in one decode batch. Pool MiB: stock = T x full-KV bytes per token; Tangram = "
               "`pool_info.pool_bytes` (the ragged pool sized from the same bytes). Saved vs full KV: "
