@@ -255,7 +255,8 @@ class _DenseTangram:
         rec = list(self.scorer.prefix_ids) + list(ids)
         m = len(rec)
         x = self.inner.embed_tokens(torch.tensor(rec))
-        cos, sin = self.inner.rotary_emb(x[None], torch.arange(start + n, start + n + m)[None])
+        first = min(start + n, int(self.model.config.max_position_embeddings) - m)  # as the server does
+        cos, sin = self.inner.rotary_emb(x[None], torch.arange(first, first + m)[None])
         scores = []
         for layer, block in enumerate(self.inner.layers):
             q, k, v = self._qkv(block.self_attn, block.input_layernorm(x), cos, sin)

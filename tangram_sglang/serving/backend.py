@@ -109,7 +109,8 @@ class TangramAttnBackend(AttentionBackend):
 
     def _reconstruct_and_compress(self, model, forward_batch) -> None:
         plan, scorer = self.plan, self.serving.scorer
-        run_reconstruction(model, forward_batch, self.cu_seqlens, scorer.prefix_ids, self.recon)
+        run_reconstruction(model, forward_batch, self.cu_seqlens, scorer.prefix_ids, self.recon,
+                           max_positions=int(self.runner.model_config.context_len))
         k_pages, v_pages = self._pages()
         for lid, (q3, k3, v3) in sorted(self.recon.held.items()):
             compress_and_write(q3, k3, v3, self.cu_seqlens, scorer, plan.states[lid], self.serving.metas[lid],

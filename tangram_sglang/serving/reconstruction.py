@@ -38,8 +38,11 @@ class ReconstructionPass:
         self.scores.clear()
 
 
-def reconstruction_inputs(forward_batch, cu_seqlens: torch.Tensor, prefix_ids) -> tuple:
-    """(input_ids [R], positions [R], cu_rec [B + 1]): per request prefix + chunk ids after the chunk."""
+def reconstruction_inputs(forward_batch, cu_seqlens: torch.Tensor, prefix_ids, max_positions: int) -> tuple:
+    """(input_ids [R], positions [R], cu_rec [B + 1]): per request prefix + chunk ids after the chunk.
+
+    Positions continue after the chunk, shifted back where they would pass ``max_positions``
+    (the model's context length: RoPE tables end there); the dense oracle applies the same rule."""
     ids, pos = forward_batch.input_ids, forward_batch.positions
     prefix = torch.tensor(prefix_ids, dtype=ids.dtype, device=ids.device)
     cu = cu_seqlens.tolist()
@@ -47,7 +50,7 @@ def reconstruction_inputs(forward_batch, cu_seqlens: torch.Tensor, prefix_ids) -
     for a, e in zip(cu, cu[1:]):
         chunk = ids[a:e]
         rec_ids.append(torch.cat([prefix, chunk]))
-        start = int(pos[e - 1]) + 1
+        start = min(int(pos[e - 1]) + 1, max_positions - len(prefix) - (e - a))
         rec_pos.append(torch.arange(start, start + len(prefix) + (e - a), dtype=pos.dtype, device=pos.device))
         lens.append(len(prefix) + (e - a))
     cu_rec = torch.zeros(len(lens) + 1, dtype=torch.int64, device=ids.device)
@@ -64,9 +67,10 @@ def layer_stack(model):
     return stack
 
 
-def run_reconstruction(model, forward_batch, cu_seqlens: torch.Tensor, prefix_ids, state: ReconstructionPass):
+def run_reconstruction(model, forward_batch, cu_seqlens: torch.Tensor, prefix_ids, state: ReconstructionPass,
+                       max_positions: int):
     """Run the reconstruction tokens through the layer stack; state.scores fills per layer."""
-    ids, pos, cu_rec = reconstruction_inputs(forward_batch, cu_seqlens, prefix_ids)
+    ids, pos, cu_rec = reconstruction_inputs(forward_batch, cu_seqlens, prefix_ids, max_positions)
     fb = copy.copy(forward_batch)
     fb.input_ids, fb.positions = ids, pos
     rows = int(ids.shape[0])
