@@ -289,6 +289,7 @@ def parse(argv=None):
     ap.add_argument("--runs", default=os.path.join(ROOT, "benchmarks", "results", "fidelity_runs.jsonl"))
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--name", default="", help="file stem of the report (default fidelity / fidelity_quick)")
     ap.add_argument("--carry-from", metavar="VERSION", help="re-run --carry-check recorded conversations of "
                     "this older code version per setting and ratio; if every answer is identical, its rows "
                     "count for the current version (recorded in fidelity_versions.json)")

@@ -157,7 +157,7 @@ def write_report(store, tables, args, tok_of) -> None:
         profile = args.profile or os.path.join(ROOT, PROFILES[model])
         summary += summarize(store, model, convs, versions, args.ratios, args.settings, tok_of[model], profile)
     cmd = "python benchmarks/fidelity.py " + " ".join(sys.argv[1:])
-    stem = "fidelity_quick" if args.quick else "fidelity"
+    stem = args.name or ("fidelity_quick" if args.quick else "fidelity")
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, stem + ".json"), "w") as f:
         json.dump(summary, f, indent=1)
