@@ -1,10 +1,12 @@
 """Prefill cost of each scorer in the served path, against stock SGLang's full-KV prefill.
 
-One server at a time (stock, then one per --profiles entry, same --max-total-tokens), each sent the
-same --prompts distinct real-text prompts of --prompt-tokens tokens, one at a time, max_new_tokens 1
-(so the request time is its prefill plus one sampling step). Prompts share no prefix (different
-offsets of the repo's docs), so nothing is reused from the radix tree. A warm-up request first.
-Reported: median seconds per request and the ratio to stock, measured in one run.
+All servers run at once (stock, then one per --profiles entry, same --max-total-tokens, one thread
+each) but only one works at a time: each of --prompts distinct real-text prompts of --prompt-tokens
+tokens goes to every server in turn (max_new_tokens 1: the request time is its prefill plus one
+sampling step), so each prompt's timings share the machine's load of that moment. Prompts share no
+prefix (different offsets of the repo's docs): nothing is reused from the radix tree. A warm-up
+request first. Reported: median seconds per request, and the median over prompts of each server's
+time over stock's on the same prompt.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/prefill_cost.py \\
         --profiles configs/smollm2-snapkv.yaml configs/smollm2-fastkvzip.yaml
@@ -48,16 +50,30 @@ def generate(url: str, ids: list[int]) -> float:
     return time.perf_counter() - t0
 
 
-def measure(model_path: str, profile: str | None, reqs: list[list[int]], args) -> dict:
-    extra = ["--max-total-tokens", str(args.max_total_tokens)]
-    if profile and args.ratio:
-        extra += ["--tangram-ratio", str(args.ratio)]
-    with ServerProcess(model_path, port=args.port, profile=profile, extra_args=extra) as server:
-        generate(server.url, reqs[0])  # warm-up
-        times = [generate(server.url, ids) for ids in reqs[1:]]
-    name = "stock SGLang (full KV)" if profile is None else os.path.basename(profile)
-    return {"server": name, "profile": profile, "median_s": round(statistics.median(times), 4),
-            "times_s": [round(t, 4) for t in times]}
+def measure(model_path: str, profiles: list[str | None], reqs: list[list[int]], args) -> list[dict]:
+    """Start every server, then time each prompt on each server in turn."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        servers = []
+        for i, profile in enumerate(profiles):
+            extra = ["--max-total-tokens", str(args.max_total_tokens)]
+            if profile and args.ratio:
+                extra += ["--tangram-ratio", str(args.ratio)]
+            servers.append(stack.enter_context(ServerProcess(model_path, port=args.port + i, profile=profile,
+                                                             extra_args=extra)))
+        for server in servers:
+            generate(server.url, reqs[0])  # warm-up
+        times = [[] for _ in servers]
+        for ids in reqs[1:]:
+            for i, server in enumerate(servers):
+                times[i].append(generate(server.url, ids))
+    rows = []
+    for profile, t in zip(profiles, times):
+        rows.append({"server": "stock SGLang (full KV)" if profile is None else os.path.basename(profile),
+                     "profile": profile, "median_s": round(statistics.median(t), 4), "times_s": [round(x, 4) for x in t],
+                     "vs_stock": round(statistics.median(a / b for a, b in zip(t, times[0])), 3)})
+    return rows
 
 
 def main(argv=None) -> int:
@@ -76,12 +92,7 @@ def main(argv=None) -> int:
 
     model_path = ensure_model(args.model)
     reqs = prompts(AutoTokenizer.from_pretrained(model_path), args.prompts, args.prompt_tokens)
-    rows = [measure(model_path, None, reqs, args)]
-    for p in args.profiles:
-        rows.append(measure(model_path, os.path.abspath(p), reqs, args))
-    base = rows[0]["median_s"]
-    for r in rows:
-        r["vs_stock"] = round(r["median_s"] / base, 3)
+    rows = measure(model_path, [None] + [os.path.abspath(p) for p in args.profiles], reqs, args)
     result = {"model": args.model, "prompt_tokens": args.prompt_tokens, "prompts": args.prompts,
               "ratio": args.ratio, "rows": rows, "command": "python benchmarks/prefill_cost.py " +
               " ".join(sys.argv[1:] if argv is None else argv)}
@@ -89,8 +100,9 @@ def main(argv=None) -> int:
         json.dump(result, f, indent=1)
     lines = [f"`{result['command']}`", "",
              f"{args.model}, {args.prompts} prompts of {args.prompt_tokens} tokens, one at a time, "
-             "max_new_tokens 1, float32 CPU (one thread per server), servers in turn in one run.", "",
-             "| server | median s per prefill | vs stock |", "|---|---|---|"]
+             "max_new_tokens 1, float32 CPU (one thread per server); every prompt goes to each server in "
+             "turn (one busy at a time).", "",
+             "| server | median s per prefill | vs stock (median of per-prompt ratios) |", "|---|---|---|"]
     lines += [f"| {r['server']} | {r['median_s']} | {r['vs_stock']} |" for r in rows]
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
