@@ -106,10 +106,10 @@ def test_gate_file_round_trip_and_checks(tmp_path):
     sha = save_gates(gates, path)
     back = load_gates(path, sha)
     x = torch.randn(9, 32)
-    for a, b in zip(gates, back):  # stored as float16, served as float32
+    for a, b in zip(gates, back):  # stored as int8 / float16, served as float32
         torch.testing.assert_close(a(x), b(x), rtol=1e-2, atol=1e-2)
     again = load_gates(str(tmp_path / "again.safetensors"), save_gates(back, str(tmp_path / "again.safetensors")))
-    for a, b in zip(back, again):  # float16 round trip is exact
+    for a, b in zip(back, again):  # a second round trip is exact
         assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     with open(path, "r+b") as f:
         f.seek(-4, 2)
