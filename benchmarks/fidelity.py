@@ -205,7 +205,7 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
     if base == "static":
         selection = ProfileSelection(entry)
     elif base == "dynamic":
-        selection = DynamicSelection(ratio)
+        selection = DynamicSelection(ratio, prof.calibration.scope)
     else:  # equal memory: the mean per-head budget the profile actually keeps
         per_head = [entry.group_budget[l][g] for l, groups in enumerate(entry.groups) for g, hs in enumerate(groups)
                     for _ in hs]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 MIN_BUDGET = 1e-3
+# what the calibration's global top-k spans: one layer (paper Eq. 3) or every layer of the model
+SCOPES = ("layer", "model")
 
 
 def budgets_from_stats(mean: np.ndarray, std: np.ndarray, alpha: float = 2.0) -> np.ndarray:

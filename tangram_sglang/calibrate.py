@@ -16,8 +16,8 @@ import os
 import sys
 import time
 
-from .budgets import MIN_BUDGET
-from .calibration.gate_calibration import calibrate_gates
+from .budgets import MIN_BUDGET, SCOPES
+from .calibration.gate_calibration import calibrate_gates, reuse_gates
 from .calibration.kvzip import kvzip_pilot, repeat_prefix_ids
 from .calibration.pilot import PilotConfig, load_model, run_pilot
 from .calibration.report import regularity_report, write_report
@@ -52,6 +52,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sources", default=",".join(SOURCES), help="comma list of " + ", ".join(SOURCES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gate-steps", type=int, default=300, help="fastkvzip: Adam steps per layer's gate")
+    ap.add_argument("--gate", default=None, help="fastkvzip: a gate file trained before (copied beside the "
+                    "profile) instead of training one")
+    ap.add_argument("--scope", choices=SCOPES, default="layer",
+                    help="what the pilot's global top-k spans: one layer (paper Eq. 3) or all layers (as KVzip; "
+                    "budgets then differ across layers too)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("-o", "--output", required=True, help="profile path (.yaml)")
     args = ap.parse_args(argv)
@@ -62,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise ValueError(f"--default-ratio {args.default_ratio} is not one of the --ratio values {args.ratio}")
     if args.heldout < 0:
         raise ValueError(f"--heldout must be >= 0, got {args.heldout}")
+    if args.gate and args.method != "fastkvzip":
+        raise ValueError(f"--gate is for --method fastkvzip, not {args.method}")
     return args
 
 
@@ -76,7 +83,7 @@ def calibrate(args: argparse.Namespace) -> dict:
     if not 1 <= args.heads_per_group <= shape.num_kv_heads:
         raise ValueError(f"--heads-per-group must be in [1, {shape.num_kv_heads}], got {args.heads_per_group}")
     ratios = tuple(dict.fromkeys(args.ratio))
-    cfg = PilotConfig(ratios=ratios, chunk_size=args.chunk_size)
+    cfg = PilotConfig(ratios=ratios, chunk_size=args.chunk_size, scope=args.scope)
     sources = tuple(s for s in args.sources.split(",") if s)
     spec = SampleSpec(count=args.samples, min_tokens=args.min_tokens, max_tokens=args.max_tokens,
                       sources=sources, seed=args.seed)
@@ -89,7 +96,9 @@ def calibrate(args: argparse.Namespace) -> dict:
         held_samples = build_samples(tok, held_spec, "heldout")
     t1 = time.perf_counter()
     gate = None
-    if args.method == "fastkvzip":
+    if args.method == "fastkvzip" and args.gate:
+        gate = reuse_gates(model, args.gate, profile_path=args.output)
+    elif args.method == "fastkvzip":
         gate = calibrate_gates(model, tok, cal_samples, held_samples, profile_path=args.output,
                                chunk_size=args.chunk_size, ratios=ratios, steps=args.gate_steps, seed=args.seed,
                                progress=not args.no_progress)
@@ -109,18 +118,19 @@ def calibrate(args: argparse.Namespace) -> dict:
     entries = [make_entry(s.ratio, s.budgets, s.mean, s.std, heads_per_group=args.heads_per_group,
                           grouping=args.grouping, parallel_capacity=capacity) for s in stats]
     note = (f"pilot on {os.path.basename(os.path.normpath(args.model_path))}, float32 CPU, full KV kept, "
-            f"implicit retention of the global top ceil(rho*H*n) per chunk; samples "
+            f"implicit retention of the global top ceil(rho*{'L*' if args.scope == 'model' else ''}H*n) per chunk; "
+            f"samples "
             f"{args.min_tokens}-{args.max_tokens} tokens, seed {args.seed}; budgets floored at {MIN_BUDGET}")
     meta = CalibrationMeta(method=args.method, target_ratios=ratios, alpha=args.alpha, num_samples=len(cal),
                            sources=sources, chunk_size=args.chunk_size, date=today(), tool_version=tool_version(),
                            note=note, weights=gate.weights if gate else "", weights_sha256=gate.sha256 if gate else "",
-                           scorer_args=scorer_args)
+                           scorer_args=scorer_args, scope=args.scope)
     profile = build_profile(shape, meta, entries, heads_per_group=args.heads_per_group, grouping=args.grouping,
                             parallel_capacity=capacity, default_ratio=args.default_ratio)
     profile.save(args.output)
     report = regularity_report(cal, held, ratios, args.alpha, {
         "model": os.path.basename(os.path.normpath(args.model_path)), "method": args.method, "alpha": args.alpha,
-        "chunk_size": args.chunk_size, "heads_per_group": args.heads_per_group, "profile": args.output,
+        "chunk_size": args.chunk_size, "scope": args.scope, "heads_per_group": args.heads_per_group, "profile": args.output,
         "seconds_calibration": round(t_cal, 1), "seconds_total": round(time.perf_counter() - t0, 1)},
         gate=gate.report if gate else None)
     write_report(report_dir(args.output), report, cal, held, {s.ratio: s.budgets for s in stats})

@@ -18,6 +18,7 @@ File format ``tangram-profile`` version 1 (YAML)::
       weights: p.gate.safetensors  # only for scorers with weights (fastkvzip), beside the profile
       weights_sha256: "..."      # checked at launch
       scorer_args: {prefix_ids: [...]}  # only for scorers with options (kvzip: the repeat prompt's ids)
+      scope: model               # only when not "layer": the pilot's global top-k spanned all layers
     heads_per_group: 2
     grouping: budget_aware       # or adjacent
     parallel_capacity: 132       # CTAs the split maps were computed for
@@ -109,6 +110,7 @@ class CalibrationMeta:
     weights: str = ""  # scorer weights file beside the profile (fastkvzip gates), or ""
     weights_sha256: str = ""
     scorer_args: dict = field(default_factory=dict)  # options for the scorer (kvzip: prefix_ids)
+    scope: str = "layer"  # the pilot's global top-k: one layer (Eq. 3) or all layers (selection.SCOPES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,6 +198,8 @@ def _calibration_to_dict(meta: CalibrationMeta) -> dict:
     for key in ("weights", "weights_sha256", "scorer_args"):
         if not out[key]:
             del out[key]
+    if out["scope"] == "layer":  # the default: files of earlier versions stay byte-identical
+        del out["scope"]
     return out
 
 

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from .budgets import SCOPES
 from .grouping import STRATEGIES, num_groups
 from .profile import (
     FORMAT,
@@ -87,7 +88,14 @@ def parse_calibration(raw) -> CalibrationMeta:
         weights=str(raw.get("weights", "") or ""),
         weights_sha256=str(raw.get("weights_sha256", "") or ""),
         scorer_args=_scorer_args(raw.get("scorer_args")),
+        scope=_scope(raw.get("scope", "layer")),
     )
+
+
+def _scope(raw) -> str:
+    if raw not in SCOPES:
+        raise ProfileError("calibration.scope", f"must be one of {list(SCOPES)}, got {raw!r}")
+    return raw
 
 
 def _scorer_args(raw) -> dict:

@@ -5,6 +5,12 @@ higher = more important) and share one deterministic tie rule: among equal
 scores the LATER position wins; among equal scores at the same position (only
 possible in the global selection) the higher head id wins.
 
+The global selection has a scope (``SCOPES``): "layer" is Eq. 3, the top
+ceil(rho H n) of one layer; "model" is the top ceil(rho L H n) of every
+layer's scores of the chunk at once (as KVzip and kvpress's KVzipPress do),
+so layers get different shares too. Its ties: later position, then the
+higher (layer, head).
+
 Worked example, scores of H = 2 heads over n = 4 tokens, ratio 0.5:
     [[0.9, 0.8, 0.1, 0.1],
      [0.2, 0.1, 0.3, 0.7]]
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .budgets import keep_count
+from .budgets import SCOPES, keep_count
 
 
 def _check_scores(scores: torch.Tensor) -> None:
@@ -60,6 +66,32 @@ def global_topk_mask(scores: torch.Tensor, ratio: float) -> torch.Tensor:
 def global_topk_counts(scores: torch.Tensor, ratio: float) -> torch.Tensor:
     """Tokens each head keeps under the global selection: int64 [H], sums to ceil(rho*H*n)."""
     return global_topk_mask(scores, ratio).sum(dim=1).to(torch.int64)
+
+
+def model_topk_masks(scores: list[torch.Tensor], ratio: float) -> torch.Tensor:
+    """Model-scope selection: the top ceil(rho * L * H * n) of all layers' scores of one chunk.
+
+    scores: L float tensors [H, n] (comparable across layers, e.g. attention probabilities).
+    Returns bool [L, H, n], True = kept.
+    """
+    if not scores:
+        raise ValueError("need the scores of at least one layer")
+    for sc in scores:
+        _check_scores(sc)
+    num_layers, (num_heads, n) = len(scores), scores[0].shape
+    if any(sc.shape != (num_heads, n) for sc in scores):
+        raise ValueError(f"every layer's scores must be [{num_heads}, {n}], got {[tuple(s.shape) for s in scores]}")
+    # rows ordered (layer, head): the flat tie rule "higher row wins" is the higher (layer, head)
+    return global_topk_mask(torch.cat([sc.float() for sc in scores]), ratio).view(num_layers, num_heads, n)
+
+
+def scoped_topk_counts(scores: list[torch.Tensor], ratio: float, scope: str) -> torch.Tensor:
+    """Tokens each (layer, head) keeps under the global selection of this scope: int64 [L, H]."""
+    if scope == "layer":
+        return torch.stack([global_topk_counts(sc, ratio) for sc in scores])
+    if scope == "model":
+        return model_topk_masks(scores, ratio).sum(dim=2).to(torch.int64)
+    raise ValueError(f"selection scope must be one of {SCOPES}, got {scope!r}")
 
 
 def per_head_topk_indices(scores: torch.Tensor, counts) -> list[torch.Tensor]:

@@ -18,7 +18,9 @@ Semantics for one request, greedy, float32:
   positions (ties: the later position wins); all heads of a group keep the same
   count. Benchmarks also run the dynamic method the profile freezes
   (``DynamicSelection``: per-chunk global top-k over the layer's heads, paper
-  Eq. 3) and a uniform budget (``UniformSelection``) through the same oracle.
+  Eq. 3, or with scope "model" over every layer's heads once the chunk has
+  run through all layers) and a uniform budget (``UniformSelection``) through
+  the same oracle.
 * A reconstruction scorer (KVzip, scorers/kvzip.py) scores the chunk after it
   has run through every layer: prefix + chunk tokens run once more after it,
   attending to the kept history, the whole chunk and themselves (not stored).
@@ -39,7 +41,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from .budgets import keep_count
 from .protection import PROTECTED_SCORE, Protection, chunk_protection, protect_scores
 from .scorers import Scorer, ScorerState, get_scorer
-from .selection import global_topk_mask
+from .budgets import SCOPES
+from .selection import global_topk_mask, model_topk_masks
 
 
 @dataclass
@@ -170,14 +173,28 @@ class ProfileSelection:
 
 
 class DynamicSelection:
-    """Per-chunk global top ceil(ratio * H * n) of the layer's scores (the paper's "w/o Tangram")."""
+    """Per-chunk global top ceil(ratio * H * n) of the layer's scores (the paper's "w/o Tangram").
 
-    def __init__(self, ratio: float):
-        self.ratio = float(ratio)
+    scope "model" (a profile calibrated that way): the top ceil(ratio * L * H * n) of every layer's
+    scores of the chunk (``kept_masks``, called once all layers have scored it)."""
+
+    def __init__(self, ratio: float, scope: str = "layer"):
+        if scope not in SCOPES:
+            raise ValueError(f"selection scope must be one of {SCOPES}, got {scope!r}")
+        self.ratio, self.scope = float(ratio), scope
 
     def kept_mask(self, layer: int, scores: torch.Tensor, floor: int = 0) -> torch.Tensor:
-        mask = global_topk_mask(torch.clamp(scores.float(), min=torch.finfo(torch.float32).min), self.ratio)
+        mask = global_topk_mask(_finite(scores), self.ratio)
         return mask | (scores >= PROTECTED_SCORE)
+
+    def kept_masks(self, scores: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Model scope: scores L x float [H, n] (protected raised) -> L x bool [H, n]."""
+        masks = model_topk_masks([_finite(sc) for sc in scores], self.ratio)
+        return [m | (sc >= PROTECTED_SCORE) for m, sc in zip(masks, scores)]
+
+
+def _finite(scores: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(scores.float(), min=torch.finfo(torch.float32).min)
 
 
 class UniformSelection:
@@ -217,6 +234,7 @@ class _DenseTangram:
         self.scorer = method if isinstance(method, Scorer) else get_scorer(method)
         self.cache = [LayerKV.empty(self.num_kv, self.head_dim) for _ in range(num_layers)]
         self.states = [ScorerState() for _ in range(num_layers)]
+        self.pending: dict[int, torch.Tensor] = {}  # model scope: layer -> the chunk's protected scores
 
     def _qkv(self, attn, x: torch.Tensor, cos, sin):
         """Projections of x [n, D] -> q [n, Hq, d], k, v [n, H, d]; q, k after RoPE."""
@@ -244,7 +262,20 @@ class _DenseTangram:
         prompt_end = next((t for t in self.turn_ends if t >= start + n), start + n)
         protect = chunk_protection(self.protection, start, [n], prompt_end)
         scores = protect_scores(scores.float().clone()[None], [n], protect)[0]
+        if getattr(self.selection, "scope", "layer") == "model":
+            self.pending[layer] = scores
+            return
         self.cache[layer].kept[:, start:start + n] = self.selection.kept_mask(layer, scores, sum(protect[0]))
+
+    def _select_model(self, start: int) -> None:
+        """Model scope: once every layer has scored the chunk at start, select over all of them."""
+        if not self.pending:
+            return
+        if sorted(self.pending) != list(range(len(self.cache))):
+            raise RuntimeError(f"chunk at {start} scored by layers {sorted(self.pending)} only")
+        scores = [self.pending.pop(layer) for layer in range(len(self.cache))]
+        for cache, mask in zip(self.cache, self.selection.kept_masks(scores)):
+            cache.kept[:, start:start + mask.shape[1]] = mask
 
     def _reconstruct(self, ids: list[int], start: int) -> None:
         """KVzip: run prefix + chunk after the chunk at start, score the chunk, select (scorers/kvzip.py).
@@ -271,6 +302,7 @@ class _DenseTangram:
         for layer, sc in enumerate(scores):
             self.states[layer].tokens_seen += n
             self._select(layer, sc, start)
+        self._select_model(start)
 
     def _kvzip_scores(self, q, cache_k, k_rec, before, start: int, n: int) -> torch.Tensor:
         """Max softmax probability over reconstruction queries and GQA heads, per chunk entry: [H, n].
@@ -313,6 +345,8 @@ class _DenseTangram:
         logits = self.model.lm_head(self.inner.norm(x[-1:]))[0].float()
         if compress and self.scorer.needs_reconstruction:
             self._reconstruct(ids, start)
+        elif compress:
+            self._select_model(start)
         return logits
 
 

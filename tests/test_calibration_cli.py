@@ -68,3 +68,24 @@ def test_calibrate_fastkvzip_writes_gates_named_in_the_profile(tmp_path):
     assert rep["gate"]["train_rows_per_layer"] == 3 * 256 and held["samples"] == 2
     assert -1.0 <= held["spearman_mean"] <= 1.0 and set(held["topk_recall"]) == {"0.5"}
     assert "FastKVzip gate" in (tmp_path / "smol-fkz.report" / "report.md").read_text()
+
+    # the same gate reused (no KVzip pass, no training) with the model-wide selection scope
+    again = str(tmp_path / "other" / "smol-model.yaml")
+    rc = main(["--model-path", smollm2_folder(), "--method", "fastkvzip", "--gate", str(gate), "--scope", "model",
+               "--ratio", "0.5", "--samples", "3", "--heldout", "0", "--min-tokens", "300", "--max-tokens", "360",
+               "--heads-per-group", "1", "--parallel-capacity", "12", "--no-progress", "-o", again])
+    assert rc == 0
+    prof2 = load_profile(again)
+    assert prof2.calibration.scope == "model" and prof2.calibration.weights_sha256 == prof.calibration.weights_sha256
+    assert (tmp_path / "other" / "smol-model.gate.safetensors").read_bytes() == gate.read_bytes()
+    mean = prof2.select(0.5).mean
+    np.testing.assert_allclose(mean.sum(), 0.5 * 30 * 3, atol=0.3)  # rho L H over the whole model
+    assert np.ptp(mean.sum(axis=1)) > 0.1  # layers keep different shares
+    with open(tmp_path / "other" / "smol-model.report" / "report.json") as f:
+        rep2 = json.load(f)
+    assert rep2["gate"]["reused_from"] == gate.name and rep2["gate"]["heldout"] == held
+    assert "scope model" in (tmp_path / "other" / "smol-model.report" / "report.md").read_text()
+    assert main(["--model-path", smollm2_folder(), "--method", "snapkv", "--gate", str(gate), "--ratio", "0.5",
+                 "-o", str(tmp_path / "x.yaml")]) == 2
+    assert main(["--model-path", smollm2_folder(), "--method", "fastkvzip", "--gate", str(tmp_path / "no.st"),
+                 "--ratio", "0.5", "--samples", "1", "--heldout", "0", "-o", str(tmp_path / "y.yaml")]) == 2

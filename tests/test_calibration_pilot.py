@@ -66,6 +66,18 @@ def test_pilot_snapkv_keeps_the_layer_budget(model):
     assert (r.retention >= 0).all() and (r.retention <= 1).all()
 
 
+def test_pilot_model_scope_keeps_the_model_budget(model):
+    sample = PilotSample(source="sharegpt", kind="conversation", label="x", token_ids=tuple(range(3, 40)))
+    cfg = PilotConfig(ratios=(0.7, 0.3), chunk_size=16, scope="model")
+    r = run_sample(model, sample, get_scorer("snapkv", window=4), cfg)
+    # per chunk the model keeps ceil(rho * 2 layers * 2 heads * n): 45+45+14 = 104 and 20+20+6 = 46 of 37
+    np.testing.assert_allclose(r.retention.sum(axis=(1, 2)), [104 / 37, 46 / 37])
+    layer = run_sample(model, sample, get_scorer("snapkv", window=4), PilotConfig(ratios=(0.7, 0.3), chunk_size=16))
+    assert not np.allclose(r.retention, layer.retention)  # layers' shares now differ
+    with pytest.raises(ValueError, match="scope"):
+        PilotConfig(ratios=(0.5,), scope="head")
+
+
 def test_pilot_config_and_cli_errors(tmp_path, capsys):
     with pytest.raises(ValueError, match="ratio"):
         PilotConfig(ratios=(1.2,))

@@ -36,6 +36,17 @@ def test_valid_profile_parses_and_round_trips(raw, tmp_path):
     assert again.to_dict() == prof.to_dict()
 
 
+def test_scope_round_trips_and_is_checked(raw, tmp_path):
+    assert "scope" not in raw["calibration"] and parse_profile(raw).calibration.scope == "layer"
+    raw["calibration"]["scope"] = "model"
+    prof = parse_profile(raw)
+    assert prof.calibration.scope == "model"
+    prof.save(tmp_path / "p.yaml")
+    assert load_profile(str(tmp_path / "p.yaml")).calibration.scope == "model"
+    raw["calibration"]["scope"] = "head"
+    expect(raw, "calibration.scope", "must be one of ['layer', 'model']")
+
+
 def test_unknown_format(raw):
     raw["format"] = "vllm-profile"
     expect(raw, "format", "expected 'tangram-profile'")

@@ -8,8 +8,8 @@ import torch
 
 from tangram_sglang.calibration.pilot import _ChunkRecorder
 from tangram_sglang.scorers import Scorer
-from tangram_sglang.selection import (global_keep_total, global_topk_counts, global_topk_mask,
-                                      per_head_topk_indices, per_head_topk_mask)
+from tangram_sglang.selection import (global_keep_total, global_topk_counts, global_topk_mask, model_topk_masks,
+                                      per_head_topk_indices, per_head_topk_mask, scoped_topk_counts)
 
 DOC = torch.tensor([[0.9, 0.8, 0.1, 0.1],
                     [0.2, 0.1, 0.3, 0.7]])
@@ -76,7 +76,45 @@ def test_recorder_turns_global_selection_into_per_head_retention():
         q = torch.zeros(1, 4, n, 3)  # [1, Hq, n, d]
         kv = torch.zeros(1, 2, 10, 3)  # whole cache; the recorder takes the last n
         rec(0, q, kv, kv)
+        rec.end_chunk()
     assert rec.kept.tolist() == [[[2, 4]], [[2, 1]]]
     retention = rec.kept / 6.0
     np.testing.assert_allclose(retention[0, 0], [2 / 6, 4 / 6])
     np.testing.assert_allclose(retention[:, 0].sum(axis=1), [1.0, 0.5])  # = rho * H, to the ceil
+
+
+def test_model_scope_spans_layers_by_hand():
+    # L = 2 layers of DOC-shaped scores; layer 1 dominates. rho 0.5 keeps ceil(0.5 * 2 * 2 * 4) = 8 of 16.
+    layer1 = DOC + 1.0
+    masks = model_topk_masks([DOC, layer1], 0.5)
+    assert masks.shape == (2, 2, 4)
+    assert masks[1].all() and not masks[0].any()  # every layer-1 score beats every layer-0 score
+    # rho 0.25 keeps 4: layer 1's 1.9, 1.8, 1.7, 1.3 -> heads [2, 2] in layer 1, none in layer 0
+    assert scoped_topk_counts([DOC, layer1], 0.25, "model").tolist() == [[0, 0], [2, 2]]
+    # layer scope is Eq. 3 per layer: [2, 0] in each
+    assert scoped_topk_counts([DOC, layer1], 0.25, "layer").tolist() == [[2, 0], [2, 0]]
+    # ties: later position first, then the higher (layer, head)
+    flat = torch.zeros(2, 2, 3)
+    assert model_topk_masks(list(flat), 1 / 12).nonzero().tolist() == [[1, 1, 2]]
+    assert model_topk_masks(list(flat), 2 / 12).nonzero().tolist() == [[1, 0, 2], [1, 1, 2]]
+
+
+def test_model_scope_bad_input():
+    with pytest.raises(ValueError, match="at least one layer"):
+        model_topk_masks([], 0.5)
+    with pytest.raises(ValueError, match="every layer"):
+        model_topk_masks([DOC, DOC[:, :3]], 0.5)
+    with pytest.raises(ValueError, match="scope"):
+        scoped_topk_counts([DOC], 0.5, "head")
+
+
+def test_recorder_model_scope_counts_the_whole_chunk_once():
+    # two layers, one chunk: layer 1 scores DOC + 1 -> at rho 0.25 it takes all 4 slots
+    rec = _ChunkRecorder(_FixedScorer([DOC, DOC + 1.0]), (0.25,), num_layers=2, num_kv=2, scope="model")
+    q, kv = torch.zeros(1, 4, 4, 3), torch.zeros(1, 2, 4, 3)
+    rec(0, q, kv, kv)
+    with pytest.raises(RuntimeError, match="expected all 2"):
+        rec.end_chunk()
+    rec(1, q, kv, kv)
+    rec.end_chunk()
+    assert rec.kept.tolist() == [[[0, 0], [2, 2]]]

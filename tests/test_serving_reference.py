@@ -302,6 +302,31 @@ def test_dynamic_selection_is_a_global_topk_per_chunk(tiny):
     assert len(counts) > 1  # heads share a layer's budget unevenly, differently per chunk
 
 
+def test_dynamic_model_scope_is_a_global_topk_over_all_layers(tiny):
+    model, prompts, _ = tiny
+    entry = uniform_entry(model, 1.0)
+    run = reference_run(model, entry, heads_per_group=1, method="keydiff", prompt_ids=prompts[3], max_new_tokens=1,
+                        chunk_size=8, protection=NONE, selection=DynamicSelection(0.3, scope="model"))
+    layers, heads = len(run.kept), run.kept[0].shape[0]
+    for s, e in run.chunks:
+        assert sum(int(kept[:, s:e].sum()) for kept in run.kept) == int(keep_count(0.3, layers * heads * (e - s)))
+    per_layer = {tuple(int(k[:, s:e].sum()) for k in run.kept) for s, e in run.chunks[:-1]}
+    assert any(len(set(c)) > 1 for c in per_layer)  # layers no longer keep the same share
+    with pytest.raises(ValueError, match="scope"):
+        DynamicSelection(0.3, scope="head")
+
+
+def test_dynamic_model_scope_keeps_protected_tokens(tiny):
+    model, prompts, _ = tiny
+    entry = uniform_entry(model, 1.0)
+    prot = Protection(sinks=2, newest=3)
+    run = reference_run(model, entry, heads_per_group=1, method="keydiff", prompt_ids=prompts[3], max_new_tokens=1,
+                        chunk_size=8, protection=prot, selection=DynamicSelection(0.1, scope="model"))
+    n = len(prompts[3])
+    for kept in run.kept:
+        assert kept[:, :2].all() and kept[:, n - 3:n].all()
+
+
 def test_uniform_selection_keeps_the_same_count_per_head(tiny):
     model, prompts, _ = tiny
     entry = uniform_entry(model, 1.0)

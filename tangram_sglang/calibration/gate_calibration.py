@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 
-from ..scorers.fastkvzip import FastKVzipScorer, GateShape, load_gates, save_gates
+from ..scorers.fastkvzip import FastKVzipScorer, GateShape, file_sha256, load_gates, save_gates
 from .gate_training import gate_ranking, train_gates
 from .kvzip import KVzipSample, kvzip_sample
 
@@ -66,4 +68,31 @@ def calibrate_gates(model, tok, cal_samples, held_samples, *, profile_path: str,
     if held_samples:
         held = _kvzip_all(model, tok, held_samples, chunk_size, "KVzip held-out", progress, gates)
         report["heldout"] = gate_ranking([h.gate_scores for h in held], held, ratios)
+    return GateCalibration(FastKVzipScorer(gates), os.path.basename(path), sha, report)
+
+
+def reuse_gates(model, source: str, *, profile_path: str) -> GateCalibration:
+    """A gate file trained before (``--gate``), copied beside ``profile_path``; no KVzip pass, no training.
+
+    The report is the source's training report (``<source stem>.report/report.json``) when it exists.
+    Raises ValueError when the file is missing or its gates do not fit the model.
+    """
+    if not os.path.isfile(source):
+        raise ValueError(f"--gate {source}: no such file")
+    path = gate_file(profile_path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if os.path.abspath(source) != os.path.abspath(path):
+        shutil.copyfile(source, path)
+    sha = file_sha256(path)
+    gates = load_gates(path, sha)
+    want = gate_shape(model)
+    if len(gates) != want.num_layers or gates[0].shape != want:
+        raise ValueError(f"--gate {source}: gates for {len(gates)} layers of shape {gates[0].shape}, "
+                         f"the model needs {want.num_layers} of {want}")
+    report = {}
+    source_report = os.path.join(source.removesuffix(".gate.safetensors") + ".report", "report.json")
+    if os.path.exists(source_report):
+        with open(source_report) as f:
+            report = json.load(f).get("gate", {})
+    report.update(file=os.path.basename(path), sha256=sha, reused_from=os.path.basename(source))
     return GateCalibration(FastKVzipScorer(gates), os.path.basename(path), sha, report)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..selection import global_topk_counts
+from ..selection import scoped_topk_counts
 from .capture import CAPTURE_IMPL, attention_modules, capturing, hidden_inputs
 
 REPEAT_PROMPT = "Repeat the previous context exactly."
@@ -86,12 +86,13 @@ def chunk_scores(query: torch.Tensor, key: torch.Tensor, s: int, e: int) -> torc
 @torch.inference_mode()
 def kvzip_sample(model, tokenizer, sample, *, chunk_size: int = 512, ratios: tuple[float, ...] = (),
                  gate_rows: int = 256, seed: int = 0, gates=None,
-                 resume_tokens: int = RESUME_TOKENS) -> KVzipSample:
+                 resume_tokens: int = RESUME_TOKENS, scope: str = "layer") -> KVzipSample:
     """KVzip scores of one PilotSample (see module docstring); model from pilot.load_model.
 
     gates: optional per-layer FastKVzip gates, run on every token's hidden states (held-out checks).
     resume_tokens: tokens before the chunk repeated after the instruction (kvpress uses 8; the served
-    KVzip scorer uses 0: it knows only the chunk's own ids).
+    KVzip scorer uses 0: it knows only the chunk's own ids). scope: of the retention's global top-k
+    (selection.SCOPES).
     """
     from transformers import DynamicCache
 
@@ -127,20 +128,19 @@ def kvzip_sample(model, tokenizer, sample, *, chunk_size: int = 512, ratios: tup
             model(input_ids=torch.tensor([recon]), past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache.crop(-len(recon))  # drop the reconstruction tokens: back to e entries
     scores = [torch.cat(per_layer, dim=1) for per_layer in layer_scores]
-    retention = _retention(scores, chunks, ratios, n)
+    retention = _retention(scores, chunks, ratios, n, scope)
     return KVzipSample(source=sample.source, kind=sample.kind, num_tokens=n, scores=scores, chunks=chunks,
                        rows=torch.as_tensor(rows, dtype=torch.int64),
                        hidden=torch.stack([torch.cat(h) for h in hidden_rows]),
                        retention=retention, gate_scores=[torch.cat(p, dim=1) for p in predicted if p])
 
 
-def _retention(scores: list[torch.Tensor], chunks, ratios, n: int) -> np.ndarray:
-    """Per-head share kept by the global top ceil(rho H n_c) of each chunk: float64 [R, L, H]."""
+def _retention(scores: list[torch.Tensor], chunks, ratios, n: int, scope: str = "layer") -> np.ndarray:
+    """Per-head share kept by the global top-k of each chunk (of this scope): float64 [R, L, H]."""
     out = np.zeros((len(ratios), len(scores), scores[0].shape[0]))
-    for layer, sc in enumerate(scores):
-        for s, e in chunks:
-            for i, r in enumerate(ratios):
-                out[i, layer] += global_topk_counts(sc[:, s:e], r).numpy()
+    for s, e in chunks:
+        for i, r in enumerate(ratios):
+            out[i] += scoped_topk_counts([sc[:, s:e] for sc in scores], r, scope).numpy()
     return out / float(n)
 
 
@@ -154,6 +154,6 @@ def kvzip_pilot(model, tokenizer, samples, cfg, desc: str = "KVzip pilot", progr
     out = []
     for s in tqdm(samples, desc=desc, unit="sample", disable=not progress):
         r = kvzip_sample(model, tokenizer, s, chunk_size=cfg.chunk_size, ratios=cfg.ratios, gate_rows=0,
-                         resume_tokens=0)
+                         resume_tokens=0, scope=cfg.scope)
         out.append(SampleRetention(source=s.source, kind=s.kind, num_tokens=r.num_tokens, retention=r.retention))
     return out

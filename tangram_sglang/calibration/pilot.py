@@ -6,7 +6,9 @@ chunk's tokens per KV head from the chunk's q, k, v, and the global top
 ceil(rho * H * n) over the layer's flattened scores (paper Eq. 3) decides
 which tokens each head would keep, for every target ratio at once. A head's
 implicit retention on a sample is its kept count summed over the chunks
-divided by the sample's tokens.
+divided by the sample's tokens. With scope "model" the top
+ceil(rho * L * H * n) over every layer's scores of the chunk decides instead
+(selection.py), so the budgets spread across layers as well as heads.
 
 The pilot records the selection but keeps the full KV: later chunks attend
 to all earlier tokens. This is the paper's calibration (record the implicit
@@ -24,7 +26,7 @@ import numpy as np
 import torch
 
 from ..scorers import Scorer, ScorerState
-from ..selection import global_topk_counts
+from ..selection import SCOPES, scoped_topk_counts
 from .capture import CAPTURE_IMPL, capturing, hidden_inputs, register_capture_attention
 from .samples import PilotSample
 
@@ -33,8 +35,11 @@ from .samples import PilotSample
 class PilotConfig:
     ratios: tuple[float, ...]
     chunk_size: int = 512
+    scope: str = "layer"  # selection.SCOPES: the global top-k of one layer (Eq. 3) or of all layers
 
     def __post_init__(self):
+        if self.scope not in SCOPES:
+            raise ValueError(f"selection scope must be one of {SCOPES}, got {self.scope!r}")
         if not self.ratios:
             raise ValueError("need at least one target ratio")
         for r in self.ratios:
@@ -62,13 +67,15 @@ def load_model(model_path: str):
 
 
 class _ChunkRecorder:
-    """Scores each layer's chunk and adds the global selection's per-head counts."""
+    """Scores each layer's chunk; ``end_chunk`` adds the global selection's per-head counts."""
 
-    def __init__(self, scorer: Scorer, ratios: tuple[float, ...], num_layers: int, num_kv: int):
-        self.scorer, self.ratios = scorer, ratios
+    def __init__(self, scorer: Scorer, ratios: tuple[float, ...], num_layers: int, num_kv: int,
+                 scope: str = "layer"):
+        self.scorer, self.ratios, self.scope = scorer, ratios, scope
         self.states = [ScorerState() for _ in range(num_layers)]
         self.kept = np.zeros((len(ratios), num_layers, num_kv), dtype=np.int64)
         self.hidden: dict[int, torch.Tensor] = {}
+        self.pending: dict[int, torch.Tensor] = {}  # layer -> this chunk's scores [H, n]
 
     def take_hidden(self, layer: int, x: torch.Tensor) -> None:
         self.hidden[layer] = x
@@ -80,9 +87,15 @@ class _ChunkRecorder:
         v = value[0, :, -n:].transpose(0, 1)
         scorer = self.scorer.for_layer(layer)
         extra = {"hidden": self.hidden.pop(layer)} if scorer.needs_hidden else {}
-        scores = scorer.score(q, k, v, self.states[layer], **extra)
+        self.pending[layer] = scorer.score(q, k, v, self.states[layer], **extra)
+
+    def end_chunk(self) -> None:
+        """Select over the chunk's scores (every layer must have scored it) and count."""
+        if sorted(self.pending) != list(range(self.kept.shape[1])):
+            raise RuntimeError(f"chunk scored by layers {sorted(self.pending)}, expected all {self.kept.shape[1]}")
+        scores = [self.pending.pop(layer) for layer in range(self.kept.shape[1])]
         for i, r in enumerate(self.ratios):
-            self.kept[i, layer] += global_topk_counts(scores, r).numpy()
+            self.kept[i] += scoped_topk_counts(scores, r, self.scope).numpy()
 
 
 def model_dims(model) -> tuple[int, int]:
@@ -99,13 +112,14 @@ def run_sample(model, sample: PilotSample, scorer: Scorer, cfg: PilotConfig) -> 
         raise ValueError("model must come from pilot.load_model (capture attention)")
     num_layers, num_kv = model_dims(model)
     ids = torch.tensor([sample.token_ids], dtype=torch.long)
-    recorder = _ChunkRecorder(scorer, cfg.ratios, num_layers, num_kv)
+    recorder = _ChunkRecorder(scorer, cfg.ratios, num_layers, num_kv, cfg.scope)
     cache = DynamicCache(config=model.config)
     hooks = hidden_inputs(model, recorder.take_hidden) if scorer.needs_hidden else nullcontext()
     with capturing(model, recorder), hooks:
         for start in range(0, ids.shape[1], cfg.chunk_size):
             model(input_ids=ids[:, start:start + cfg.chunk_size], past_key_values=cache,
                   use_cache=True, logits_to_keep=1)
+            recorder.end_chunk()
     return SampleRetention(source=sample.source, kind=sample.kind, num_tokens=ids.shape[1],
                            retention=recorder.kept / float(ids.shape[1]))
 

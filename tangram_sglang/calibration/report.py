@@ -94,7 +94,9 @@ def markdown(report: dict) -> str:
              f"- Calibration: {_describe(report['samples']['calibration'])}.",
              f"- Held-out (disjoint material): {_describe(report['samples']['heldout'])}.",
              f"- alpha = {m.get('alpha')}, chunk size {m.get('chunk_size')}; the pilot keeps the full KV and "
-             "records, per chunk and layer, the global top ceil(rho*H*n) selection (paper Eq. 3).",
+             + ("records, per chunk, the global top ceil(rho*L*H*n) selection over every layer's heads "
+                "(scope model: layers get different shares)." if m.get("scope") == "model" else
+                "records, per chunk and layer, the global top ceil(rho*H*n) selection (paper Eq. 3)."),
              f"- Time: {m.get('seconds_calibration')} s for the calibration samples, "
              f"{m.get('seconds_total')} s in all (model load, held-out, report).", "",
              "| rho | sum_h b / (rho H) mean [min, max] | held-out coverage | mean overflow | "
@@ -133,8 +135,10 @@ def markdown(report: dict) -> str:
 
 def gate_markdown(gate: dict) -> list[str]:
     """The FastKVzip gate section: training and held-out ranking against KVzip."""
-    lines = ["", "## FastKVzip gate", "",
-             f"- File `{gate['file']}` (sha256 {gate['sha256'][:16]}...), {gate['train_rows_per_layer']} "
+    lines = ["", "## FastKVzip gate", ""]
+    if gate.get("reused_from"):
+        lines += [f"- Reused, not retrained: `{gate['reused_from']}` (its training report below).", ""]
+    lines += [f"- File `{gate['file']}` (sha256 {gate['sha256'][:16]}...), {gate['train_rows_per_layer']} "
              f"training rows per layer (KVzip scores of the calibration samples), {gate['steps']} Adam steps "
              f"per layer; KVzip pass {gate['seconds_kvzip']} s, training {gate['seconds_training']} s.",
              f"- Final log-score MSE per layer: min {min(gate['final_log_mse'])}, max {max(gate['final_log_mse'])}."]
