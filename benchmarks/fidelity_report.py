@@ -76,6 +76,7 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile: str
                 retrieval_correct=sum(s["correct"] for s in ret), retrieval_n=len(ret),
                 replay_agree=sum(s["correct"] for s in rep), replay_n=len(rep),
                 degenerate=sum(s["degenerate"] for s in scored), kept_share=kept_share,
+                degenerate_ids=sorted(cid for cid, sc in zip(rows, scored) if sc["degenerate"]),
                 fact_kept=(sum(facts) / len(facts)) if facts else None,
                 saved_vs_full_kv=pool["pool_info"]["saved_vs_full_kv"] if pool else None))
     return out
@@ -95,7 +96,33 @@ def markdown(summary: list[dict], cmd: str) -> str:
         lines.append(f"| {s['model']} | {s['setting']} | {s['ratio']:g} | {kept} | {acc} "
                      f"| {s['retrieval_correct']}/{s['retrieval_n']} | {s['replay_agree']}/{s['replay_n']} "
                      f"| {s['degenerate']}/{s['n']} | {fact} | {saved} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + degenerate_lines(summary)) + "\n"
+
+
+def degenerate_lines(summary: list[dict]) -> list[str]:
+    """Which conversations degenerate, and whether full KV or the dynamic method (same scorer and
+    ratio) degenerate on the same one: what is left is what Tangram's system itself adds."""
+    def ids(model, setting, ratio):
+        return next((set(s["degenerate_ids"]) for s in summary if (s["model"], s["setting"]) == (model, setting)
+                     and s["ratio"] == ratio), None)
+
+    rows = [s for s in summary if s.get("degenerate_ids")]
+    if not rows:
+        return []
+    out = ["", "Degenerate answers by conversation (a block of 1 to 8 tokens repeated back to back over "
+           ">= max(12, 3 x block) tokens, `fidelity_score.is_degenerate`); F: full KV degenerates on it "
+           "too, D: the dynamic method of the same scorer at the same ratio too:", ""]
+    for s in rows:
+        full = set() if s["setting"] == "full" else ids(s["model"], "full", 1.0) or set()
+        dyn = ids(s["model"], s["setting"].replace("tangram", "dynamic", 1), s["ratio"]) \
+            if s["setting"].startswith("tangram") else None
+        tags = {cid: ",".join(m for m, group in (("F", full), ("D", dyn or set())) if cid in group)
+                for cid in s["degenerate_ids"]}
+        marks = [f"{cid} ({t})" if t else cid for cid, t in tags.items()]
+        own = "" if dyn is None else \
+            f"; neither full KV nor dynamic: {sum(c not in full and c not in dyn for c in s['degenerate_ids'])}"
+        out.append(f"- {s['model']} {s['setting']} {s['ratio']:g}: {', '.join(marks)}{own}")
+    return out
 
 
 # overlapping lines (the server and its oracle agree exactly) stay visible through markers and dashes

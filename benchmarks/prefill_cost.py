@@ -57,11 +57,12 @@ def measure(model_path: str, profiles: list[str | None], reqs: list[list[int]], 
     with ExitStack() as stack:
         servers = []
         for i, profile in enumerate(profiles):
-            extra = ["--max-total-tokens", str(args.max_total_tokens)]
+            # idle SGLang schedulers poll: with every server up on 2 cores they would steal the working one's CPU
+            extra = ["--max-total-tokens", str(args.max_total_tokens), "--sleep-on-idle"]
             if profile and args.ratio:
                 extra += ["--tangram-ratio", str(args.ratio)]
             servers.append(stack.enter_context(ServerProcess(model_path, port=args.port + i, profile=profile,
-                                                             extra_args=extra)))
+                                                             extra_args=extra, start_timeout=900)))
         for server in servers:
             generate(server.url, reqs[0])  # warm-up
         times = [[] for _ in servers]

@@ -22,8 +22,9 @@ class ServerProcess:
     """Context manager around an SGLang HTTP server on 127.0.0.1."""
 
     def __init__(self, model_path: str, *, port: int = 30000, profile: str | None = None,
-                 extra_args: list[str] | None = None, log_path: str | None = None, threads: int = 1):
-        self.port = port
+                 extra_args: list[str] | None = None, log_path: str | None = None, threads: int = 1,
+                 start_timeout: float = 300):
+        self.port, self.start_timeout = port, start_timeout
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path or os.path.join("/tmp", f"tangram-server-{port}.log")
         self.args = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
@@ -33,7 +34,8 @@ class ServerProcess:
         self.env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 300) -> "ServerProcess":
+    def start(self, timeout: float | None = None) -> "ServerProcess":
+        timeout = self.start_timeout if timeout is None else timeout
         if self._healthy() or not self._port_free():
             # Another server there would answer our health check and our requests.
             raise RuntimeError(f"port {self.port} on 127.0.0.1 is already in use; pick another port")
