@@ -298,8 +298,11 @@ def main(argv=None) -> int:
         m = run_mode("stock", model_path, args.stock_port, args, wl, None)
         m["pool_bytes"] = args.max_total_tokens * full_kv_token_bytes(model_path)
         modes.append(m)
+    from tangram_sglang.profile import load_profile
+
+    method = load_profile(args.profile).calibration.method
     for ratio in args.ratios:
-        modes.append(run_mode(f"tangram-snapkv@{ratio}", model_path, args.tangram_port, args, wl, ratio))
+        modes.append(run_mode(f"tangram-{method}@{ratio}", model_path, args.tangram_port, args, wl, ratio))
 
     res = dict(command="python benchmarks/concurrency.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                args=vars(args), full_kv_token_bytes=full_kv_token_bytes(model_path),

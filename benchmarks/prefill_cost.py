@@ -77,6 +77,18 @@ def measure(model_path: str, profiles: list[str | None], reqs: list[list[int]], 
     return rows
 
 
+def uniform_profile_file(model_path: str, ratio: float) -> str:
+    """A uniform-scorer profile of the model at ratio, in a temporary folder (named by its ratio)."""
+    import tempfile
+
+    from tangram_sglang.profile import ModelShape
+    from tangram_sglang.uniform_profile import uniform_profile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="prefill-cost-"), f"uniform-{ratio:g}.yaml")
+    uniform_profile(ModelShape.from_model_path(model_path), [ratio]).save(path)
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2")
@@ -86,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=2048)
     ap.add_argument("--max-total-tokens", type=int, default=32768)
     ap.add_argument("--port", type=int, default=31700)
+    ap.add_argument("--uniform", action="store_true", help="also serve a uniform-scorer profile at --ratio "
+                    "(tokens ranked by nothing: the data plane's and compression's cost without a scorer)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "prefill_cost"))
     args = ap.parse_args(argv)
     from models import ensure_model
@@ -93,7 +107,10 @@ def main(argv=None) -> int:
 
     model_path = ensure_model(args.model)
     reqs = prompts(AutoTokenizer.from_pretrained(model_path), args.prompts, args.prompt_tokens)
-    rows = measure(model_path, [None] + [os.path.abspath(p) for p in args.profiles], reqs, args)
+    profiles = [os.path.abspath(p) for p in args.profiles]
+    if args.uniform:
+        profiles.insert(0, uniform_profile_file(model_path, args.ratio or 1.0))
+    rows = measure(model_path, [None] + profiles, reqs, args)
     result = {"model": args.model, "prompt_tokens": args.prompt_tokens, "prompts": args.prompts,
               "ratio": args.ratio, "rows": rows, "command": "python benchmarks/prefill_cost.py " +
               " ".join(sys.argv[1:] if argv is None else argv)}
