@@ -2,11 +2,12 @@
 
 Stock SGLang and Tangram (--tangram-profile, one server per --ratios entry) are launched in turn with
 the same --max-total-tokens T: stock gets T full-KV token slots, Tangram a ragged pool of the same
-bytes. S sessions start together (one thread each), each a 2-turn chat over /generate with input_ids:
+bytes. S sessions start together (one thread each), each a --turns-turn chat over /generate with
+input_ids, every turn sent as soon as the previous answer arrives:
 
   turn 1  chat template + a real-text slice of --prompt-tokens tokens (repo docs, a different offset
           per session, so sessions share no prefix) -> --max-new-tokens generated
-  turn 2  turn-1 prompt + its output + end of turn + --new-tokens more real text -> --max-new-tokens
+  turn k  turn k-1's prompt + its output + end of turn + --new-tokens more real text -> --max-new-tokens
 
 greedy (temperature 0), ignore_eos, so every request decodes exactly --max-new-tokens tokens. After
 the run the server's /server_info gives batch_counters.peak_running (the most requests ever decoding
@@ -15,6 +16,10 @@ fails or returns the wrong number of tokens, or if the Tangram pool integrity is
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/concurrency.py --sessions 16 --max-total-tokens 6144 --ratios 0.25 0.5
     # writes benchmarks/results/concurrency.{json,md}
+
+A session's turn k reuses its history only while that history is still in the radix tree, so the
+turns-per-second ratio depends on how many sessions' histories the pool holds: report it with the
+workload (--turns, --sessions, --max-total-tokens) beside it.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ def http_json(url: str, payload: dict | None = None, timeout: float = 1800) -> d
 class Workload:
     """Token ids of every session's turns, from the model's tokenizer and the repo's docs."""
 
-    def __init__(self, model_path: str, sessions: int, prompt_tokens: int, new_tokens: int):
+    def __init__(self, model_path: str, sessions: int, prompt_tokens: int, new_tokens: int, turns: int = 2):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_path)
@@ -67,22 +72,28 @@ class Workload:
         self.tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
         self.next_user = tok.encode("<|im_end|>\n<|im_start|>user\n", add_special_tokens=False)
         body = prompt_tokens - len(self.head) - len(self.tail)
-        span = len(self.corpus) - body - new_tokens
+        span = len(self.corpus) - body - (turns - 1) * new_tokens
         if body <= 0 or span <= 0:
             raise SystemExit(f"--prompt-tokens {prompt_tokens} does not fit the corpus of {len(self.corpus)} tokens")
         step = max(1, span // max(1, sessions))
-        self.turn1, self.turn2_text = [], []
+        self.turn1, self.later_text = [], []
         for i in range(sessions):
             off = (i * step) % span
             self.turn1.append(self.head + self.corpus[off: off + body] + self.tail)
-            # Turn 2's new text: the tokens right after this session's slice (real, continuing text).
-            self.turn2_text.append(self.corpus[off + body: off + body + new_tokens])
+            # Later turns' new text: the tokens right after this session's slice (real, continuing text).
+            ends = [off + body + k * new_tokens for k in range(turns)]
+            self.later_text.append([self.corpus[a:b] for a, b in zip(ends, ends[1:])])
         firsts = {tuple(t[len(self.head): len(self.head) + 8]) for t in self.turn1}
         if len(firsts) != sessions:
             raise SystemExit("two sessions start with the same text: pick fewer sessions or a shorter prompt")
 
-    def turn2(self, i: int, output_ids: list[int]) -> list[int]:
-        return self.turn1[i] + output_ids + self.next_user + self.turn2_text[i] + self.tail
+    @property
+    def turns(self) -> int:
+        return 1 + len(self.later_text[0])
+
+    def next_turn(self, i: int, prompt: list[int], output_ids: list[int], turn: int) -> list[int]:
+        """Turn ``turn`` (2..turns) of session i: the previous prompt, its answer and new text."""
+        return prompt + output_ids + self.next_user + self.later_text[i][turn - 2] + self.tail
 
 
 def run_sessions(url: str, wl: Workload, max_new: int, poll_s: float) -> dict:
@@ -101,8 +112,10 @@ def run_sessions(url: str, wl: Workload, max_new: int, poll_s: float) -> dict:
         r = results[i]
         try:
             barrier.wait()
-            for turn in (1, 2):
-                ids = wl.turn1[i] if turn == 1 else wl.turn2(i, r["turn1_output_ids"])
+            ids, got = wl.turn1[i], []
+            for turn in range(1, wl.turns + 1):
+                if turn > 1:
+                    ids = wl.next_turn(i, ids, got, turn)
                 t0 = time.perf_counter()
                 out = generate(ids)
                 dt = time.perf_counter() - t0
@@ -114,14 +127,10 @@ def run_sessions(url: str, wl: Workload, max_new: int, poll_s: float) -> dict:
                 if len(got) != max_new:
                     raise RuntimeError(f"turn {turn}: {len(got)} output tokens, expected {max_new}; "
                                        f"response {json.dumps(out)[:300]}")
-                if turn == 1:
-                    r["turn1_output_ids"] = got
-            r.pop("turn1_output_ids", None)
             r["done_at"] = time.perf_counter()
         except Exception as exc:  # noqa: BLE001 - every failure is reported and fails the run
             msg = exc.read().decode(errors="replace")[:300] if isinstance(exc, urllib.error.HTTPError) else str(exc)
             errors.append(f"session {i}: {type(exc).__name__}: {msg}")
-            r.pop("turn1_output_ids", None)
 
     def poller() -> None:
         t_start = time.perf_counter()
@@ -176,23 +185,24 @@ def log_findings(path: str) -> dict:
     return dict(retract_lines=len(retract), retract=retract[-5:], notable=hits[-20:])
 
 
-def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: float | None) -> dict:
-    extra = ["--max-total-tokens", str(args.max_total_tokens)]
+def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: float | None,
+             total_tokens: int) -> dict:
+    extra = ["--max-total-tokens", str(total_tokens)]
     profile = None
     if ratio is not None:
         profile = os.path.join(ROOT, args.profile)
         extra += ["--tangram-ratio", str(ratio)]
-    log(f"[{name}] starting server on port {port} (--max-total-tokens {args.max_total_tokens}"
+    log(f"[{name}] starting server on port {port} (--max-total-tokens {total_tokens}"
         + (f", profile {args.profile} ratio {ratio})" if profile else ")"))
     t_launch = time.perf_counter()
     with ServerProcess(model_path, port=port, profile=profile, extra_args=extra) as srv:
         log(f"[{name}] server ready in {time.perf_counter() - t_launch:.0f} s; log {srv.log_path}")
         info0 = http_json(srv.url + "/server_info", timeout=60)
         served_T = info0.get("max_total_num_tokens")
-        if ratio is None and served_T is not None and served_T != args.max_total_tokens:
+        if ratio is None and served_T is not None and served_T != total_tokens:
             raise SystemExit(f"[{name}] server reports max_total_num_tokens={served_T}, asked "
-                             f"{args.max_total_tokens}: the override did not take")
-        log(f"[{name}] running {len(wl.turn1)} sessions x 2 turns")
+                             f"{total_tokens}: the override did not take")
+        log(f"[{name}] running {len(wl.turn1)} sessions x {wl.turns} turns")
         run = run_sessions(srv.url, wl, args.max_new_tokens, args.poll)
         log(f"[{name}] done in {run['wall_s']:.1f} s, {len(run['errors'])} errors; reading /server_info")
         st = http_json(srv.url + "/server_info", timeout=120)["internal_states"][0]
@@ -200,7 +210,7 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
     counters = st.get("batch_counters", {})
     tangram = st.get("tangram") or {}
     pool = tangram.get("pool_info")
-    out = dict(mode=name, ratio=ratio, max_total_tokens=args.max_total_tokens,
+    out = dict(mode=name, ratio=ratio, max_total_tokens=total_tokens,
                server_max_total_num_tokens=served_T, batch_counters=counters,
                peak_running=counters.get("peak_running"),
                peak_running_polled=max((s.get("running") or 0 for s in run["samples"]), default=None),
@@ -225,29 +235,41 @@ def full_kv_token_bytes(model_path: str, dtype_bytes: int = 4) -> int:
 
 
 def turns_per_s(mode: dict) -> float:
-    """Completed turns (every session's turn 1 and turn 2) per second of the mode's wall time."""
-    turns = sum(("turn1" in s) + ("turn2" in s) for s in mode["sessions"])
+    """Completed turns (every session's) per second of the mode's wall time."""
+    turns = sum(k.startswith("turn") for s in mode["sessions"] for k in s)
     return turns / max(mode["wall_s"], 1e-9)
+
+
+def later_reuse(mode: dict) -> tuple[int, int]:
+    """(cached prompt tokens, prompt tokens) over every session's turns 2+."""
+    later = [v for s in mode["sessions"] for k, v in s.items() if k.startswith("turn") and k != "turn1"]
+    return sum(t["cached_tokens"] or 0 for t in later), sum(t["prompt_tokens"] for t in later)
 
 
 def fmt_md(res: dict) -> str:
     a = res["args"]
     lines = [f"Command: `{res['command']}`", "",
-             f"Workload: {a['sessions']} sessions started together, 2 turns each over /generate (input_ids): "
-             f"turn 1 = {a['prompt_tokens']}-token prompt (repo docs, a different offset per session), turn 2 = "
-             f"turn 1 + its output + {a['new_tokens']} new tokens (+ chat markers); {a['max_new_tokens']} tokens "
+             f"Workload: {a['sessions']} sessions started together, {a.get('turns', 2)} turns each over /generate "
+             f"(input_ids), each turn sent when the previous answer arrives: turn 1 = {a['prompt_tokens']}-token "
+             f"prompt (repo docs, a different offset per session), turn k = turn k-1 + its output + "
+             f"{a['new_tokens']} new tokens (+ chat markers); {a['max_new_tokens']} tokens "
              f"generated per turn (greedy, ignore_eos). SmolLM2-135M-Instruct, float32 KV, CPU, "
-             f"OMP_NUM_THREADS=1. Same `--max-total-tokens {a['max_total_tokens']}` for every server.", "",
+             f"OMP_NUM_THREADS=1. Each stock server and the Tangram servers after it get the same "
+             f"`--max-total-tokens` T (the KV bytes of T full-KV tokens); 'vs stock' compares with the stock "
+             f"server of the same T.", "",
              "| mode | T | pool MiB | peak concurrent sessions | vs stock | pool pages used peak | "
-             "saved vs full KV (end) | wall s | wall vs stock | turns / s | turns / s vs stock |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    stock = res["modes"][0]
+             "saved vs full KV (end) | turn-2+ reuse | wall s | wall vs stock | turns / s | turns / s vs stock |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    stocks = {m["max_total_tokens"]: m for m in res["modes"] if m["ratio"] is None}
     for m in res["modes"]:
+        stock = stocks[m["max_total_tokens"]]
         pool = m.get("pool_info")
         pages = f"{pool['peak_pages_used']} / {pool['pages_total']}" if pool else "-"
         saved = f"{100 * pool['saved_vs_full_kv']:.1f}%" if pool else "-"
+        hit, total = later_reuse(m)
         lines.append(f"| {m['mode']} | {m['max_total_tokens']} | {m['pool_bytes'] / 2**20:.1f} | {m['peak_running']} | "
-                     f"{m['peak_running'] / stock['peak_running']:.2f}x | {pages} | {saved} | {m['wall_s']:.1f} | "
+                     f"{m['peak_running'] / stock['peak_running']:.2f}x | {pages} | {saved} | "
+                     f"{100 * hit / max(1, total):.0f}% | {m['wall_s']:.1f} | "
                      f"{m['wall_s'] / stock['wall_s']:.2f} | {turns_per_s(m):.3f} | "
                      f"{turns_per_s(m) / turns_per_s(stock):.2f}x |")
     lines += ["", "Peak concurrent sessions = `batch_counters.peak_running` from `/server_info` after the run: the "
@@ -256,29 +278,32 @@ def fmt_md(res: dict) -> str:
               "`pool_info.saved_vs_full_kv` at the end of the run (the radix tree's cached sessions). Wall times "
               "are from the same run on a shared 2-core machine: compare them only as ratios.", ""]
     for m in res["modes"]:
-        t2 = [s["turn2"]["cached_tokens"] for s in m["sessions"] if "turn2" in s]
-        p2 = [s["turn2"]["prompt_tokens"] for s in m["sessions"] if "turn2" in s]
+        t2, p2 = later_reuse(m)
+        computed = sum(t["prompt_tokens"] - (t["cached_tokens"] or 0)
+                       for s in m["sessions"] for k, t in s.items() if k.startswith("turn"))
         lines.append(f"- {m['mode']}: " + ("" if m["memory_bound"] else "NOT pool-bound (all sessions ran "
-                     "together: the peak is a lower bound); ") + f"turn-2 prompt cache hits {sum(t2)} of {sum(p2)} "
-                     f"tokens ({100 * sum(t2) / max(1, sum(p2)):.0f}%); "
+                     "together: the peak is a lower bound); ") + f"turn-2+ prompt cache hits {t2} of {p2} "
+                     f"tokens ({100 * t2 / max(1, p2):.0f}%); prompt tokens prefilled (all turns) {computed}; "
                      f"retraction lines in the server log: {m['log']['retract_lines']}"
                      + (f"; pool integrity: {m['pool_info']['integrity']}" if m.get("pool_info") else ""))
-    lines += ["", "Turn-2 cache hits: a session's turn 2 reuses its history only if that history is still in the "
-              "radix tree when the turn is admitted. SGLang admits in arrival order (fcfs) and the other "
-              "sessions' turn-1 requests arrived first, so with the pool full their admission evicts finished "
-              "histories; a server that holds more sessions keeps more histories alive (the shared system "
-              "prompt is what every server keeps)."]
+    lines += ["", "Turn-2+ cache hits: a session's next turn reuses its history only if that history is still "
+              "in the radix tree when the turn is admitted. SGLang admits in arrival order (fcfs); with the pool "
+              "full, admitting other sessions' turns evicts finished histories (least recently used first), so "
+              "a server that holds more sessions' histories re-prefills less (the shared system prompt is what "
+              "every server keeps)."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=16)
-    ap.add_argument("--max-total-tokens", type=int, default=6144)
+    ap.add_argument("--max-total-tokens", type=int, nargs="+", default=[6144],
+                    help="KV bytes of T full-KV tokens per server; several: one stock + Tangram set each")
     ap.add_argument("--ratios", type=float, nargs="*", default=[0.25], help="Tangram ratios (one server each)")
     ap.add_argument("--profile", default="configs/smollm2-snapkv.yaml")
     ap.add_argument("--prompt-tokens", type=int, default=1400)
-    ap.add_argument("--new-tokens", type=int, default=60)
+    ap.add_argument("--new-tokens", type=int, default=60, help="new user text per later turn")
+    ap.add_argument("--turns", type=int, default=2, help="turns per session (>= 1)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--stock-port", type=int, default=31811)
     ap.add_argument("--tangram-port", type=int, default=31812)
@@ -292,17 +317,21 @@ def main(argv=None) -> int:
     model_path = ensure_model("smollm2")
     t_all = time.perf_counter()
     log(f"tokenizing the workload: {args.sessions} sessions, {args.prompt_tokens}-token prompts")
-    wl = Workload(model_path, args.sessions, args.prompt_tokens, args.new_tokens)
-    modes = []
-    if not args.no_stock:
-        m = run_mode("stock", model_path, args.stock_port, args, wl, None)
-        m["pool_bytes"] = args.max_total_tokens * full_kv_token_bytes(model_path)
-        modes.append(m)
+    if args.turns < 1:
+        raise SystemExit("--turns must be at least 1")
+    wl = Workload(model_path, args.sessions, args.prompt_tokens, args.new_tokens, args.turns)
     from tangram_sglang.profile import load_profile
 
     method = load_profile(args.profile).calibration.method
-    for ratio in args.ratios:
-        modes.append(run_mode(f"tangram-{method}@{ratio}", model_path, args.tangram_port, args, wl, ratio))
+    modes = []
+    for total in args.max_total_tokens:
+        if not args.no_stock:
+            m = run_mode("stock", model_path, args.stock_port, args, wl, None, total)
+            m["pool_bytes"] = total * full_kv_token_bytes(model_path)
+            modes.append(m)
+        for ratio in args.ratios:
+            modes.append(run_mode(f"tangram-{method}@{ratio}", model_path, args.tangram_port, args, wl, ratio,
+                                  total))
 
     res = dict(command="python benchmarks/concurrency.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                args=vars(args), full_kv_token_bytes=full_kv_token_bytes(model_path),
@@ -319,11 +348,12 @@ def main(argv=None) -> int:
         if not m["memory_bound"]:
             log(f"WARNING {m['mode']}: peak {m['peak_running']} = all {args.sessions} sessions: the pool did not "
                 "bind, so this is only a lower bound (run with more --sessions)")
-    if not args.no_stock and modes[0]["peak_running"]:
-        stock_peak = modes[0]["peak_running"]
-        for m in modes[1:]:
-            log(f"{m['mode']}: {m['peak_running']} concurrent sessions vs stock {stock_peak} "
-                f"({m['peak_running'] / stock_peak:.2f}x), wall {m['wall_s'] / modes[0]['wall_s']:.2f}x stock")
+    stocks = {m["max_total_tokens"]: m for m in modes if m["ratio"] is None}
+    for m in modes:
+        stock = stocks.get(m["max_total_tokens"])
+        if m["ratio"] is not None and stock and stock["peak_running"]:
+            log(f"T={m['max_total_tokens']} {m['mode']}: {m['peak_running']} concurrent sessions vs stock "
+                f"{stock['peak_running']}, turns/s {turns_per_s(m) / turns_per_s(stock):.2f}x stock")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

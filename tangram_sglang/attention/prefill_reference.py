@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from .fused_cpu import chunk_self_attention_fused
 from .layer_meta import LayerMeta
 from .merge import merge_two
 from .pieces import tile_pieces
@@ -71,7 +72,7 @@ def ragged_prefill_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                cu_seqlens: torch.Tensor, k_pages: torch.Tensor,
                                v_pages: torch.Tensor, block_table: torch.Tensor,
                                seq_lens: torch.Tensor, meta: LayerMeta, sm_scale: float,
-                               *, tile: int = DEFAULT_TILE) -> torch.Tensor:
+                               *, tile: int = DEFAULT_TILE, fused: bool = False) -> torch.Tensor:
     """Chunk prefill attention of one layer.
 
     Parameters
@@ -82,6 +83,8 @@ def ragged_prefill_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     k_pages, v_pages : [num_pages, P, H_p, d]; block_table int32 [B, G, max_pages];
     seq_lens : int32 [B, G], cached slots of (b, g) before this chunk (0 allowed).
     meta : LayerMeta; sm_scale : softmax scale; tile : piece size of the cached part.
+    fused : on CPU tensors, both parts on ATen's fused flash kernel (fused_cpu.py) instead
+        of this reference's matmuls (the CPU data plane's choice); ignored elsewhere.
 
     Returns
     -------
@@ -93,9 +96,11 @@ def ragged_prefill_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return torch.empty_like(q)
     q_pad = _pad(q, req, pos, batch, n)
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    o_self, lse_self = chunk_self_attention(q_pad, _pad(k, req, pos, batch, n),
+    fused = fused and q.device.type == "cpu"
+    o_self, lse_self = (chunk_self_attention_fused if fused else chunk_self_attention)(q_pad, _pad(k, req, pos, batch, n),
                                             _pad(v, req, pos, batch, n), lens, sm_scale)
     pieces = tile_pieces(seq_lens, tile)
-    o_old, lse_old = attend_cached(q_pad, k_pages, v_pages, block_table, seq_lens, meta, pieces, sm_scale)
+    o_old, lse_old = attend_cached(q_pad, k_pages, v_pages, block_table, seq_lens, meta, pieces, sm_scale,
+                                   fused)
     o, _ = merge_two(o_old, lse_old, o_self, lse_self)
     return o[req, pos].to(q.dtype)

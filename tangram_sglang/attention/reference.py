@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .fused_cpu import attend_block_fused
 from .layer_meta import LayerMeta
 from .merge import merge_by_item
 from .pieces import Pieces, piece_slots, split_pieces, tile_pieces
@@ -39,13 +40,15 @@ def ungroup_rows(x: torch.Tensor, meta: LayerMeta, batch: int, num_q: int) -> to
 
 
 def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                  block_table: torch.Tensor, pieces: Pieces, sm_scale: float):
+                  block_table: torch.Tensor, pieces: Pieces, sm_scale: float, fused: bool = False):
     """Partial attention of every piece, in batches of pieces (a loop over work, not requests).
 
     qg: float32 [B * G, H_p, Mg, d] (group_rows); k_pages, v_pages: [num_pages, P, H_p, d].
     Returns (o float32 [NP, H_p, Mg, d], lse float32 [NP, H_p, Mg]).
     Slot indices, queries and outputs are built once for all pieces; each batch
     gathers its K and V into two buffers reused by every batch (see GATHER_BYTES).
+    fused: each batch on ATen's fused CPU kernel (fused_cpu.attend_block_fused) instead of
+    the two matmuls below (CPU tensors only).
     """
     _, page_size, hp, d = k_pages.shape
     loc, valid = piece_slots(pieces, block_table, page_size)
@@ -61,6 +64,10 @@ def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
         j = min(i + step, num_p)
         flat, n = loc[i:j].reshape(-1), (j - i) * width
         k = torch.index_select(kf, 0, flat, out=k_buf[:n]).view(j - i, width, hp, d).float()
+        if fused:
+            v = torch.index_select(vf, 0, flat, out=v_buf[:n]).view(j - i, width, hp, d).float()
+            o[i:j], lse[i:j] = attend_block_fused(q[i:j], k, v, invalid[i:j])
+            continue
         s = torch.matmul(q[i:j], k.permute(0, 2, 3, 1))  # [n, H_p, Mg, W]
         s.masked_fill_(invalid[i:j, None, None, :], float("-inf"))
         m = s.amax(dim=-1, keepdim=True)  # finite: every piece has >= 1 slot
@@ -82,7 +89,7 @@ GATHER_BYTES = 2 << 20
 
 def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                   block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
-                  pieces: Pieces, sm_scale: float):
+                  pieces: Pieces, sm_scale: float, fused: bool = False):
     """Every query row attends to all cached slots of its group (no causal mask).
 
     q_rows: [B, M, Hq, d]; block_table: int32 [B, G, max_pages]; seq_lens: int32 [B, G].
@@ -95,7 +102,7 @@ def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
         o = torch.zeros(qg.shape, dtype=torch.float32, device=qg.device)
         lse = torch.full(qg.shape[:-1], float("-inf"), device=qg.device)
     else:
-        o, lse = attend_pieces(qg, k_pages, v_pages, block_table, pieces, sm_scale)
+        o, lse = attend_pieces(qg, k_pages, v_pages, block_table, pieces, sm_scale, fused)
         o, lse = merge_by_item(o, lse, pieces.item, pieces.num_items)
     return ungroup_rows(o, meta, batch, num_q), ungroup_rows(lse, meta, batch, num_q)
 

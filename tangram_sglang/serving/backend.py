@@ -5,7 +5,8 @@ batch's page tables once (extend: draws each request's next chunk pages;
 decode: appends one slot per virtual layer). Per layer:
 
 * extend: chunk queries attend to each group's cached slots plus the chunk's
-  own K/V (causal), merged by log-sum-exp; then the scorer rates the chunk
+  own K/V (causal), merged by log-sum-exp (on CPU both parts on ATen's fused
+  flash kernel, attention/fused_cpu.py); then the scorer rates the chunk
   (scorers that read the layer's input hidden states get them from a forward
   pre-hook on each attention module, registered at the first extend),
   each head keeps its group's keep count (protected sinks and newest tokens
@@ -140,7 +141,8 @@ class TangramAttnBackend(AttentionBackend):
             o = self._forward_reconstruction(q3, k3, v3, layer)
             return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
         o = ragged_prefill_chunk_torch(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
-                                       plan.seq_lens[lid], meta, layer.scaling)
+                                       plan.seq_lens[lid], meta, layer.scaling,
+                                       fused=True)
         if save_kv_cache and self.serving.scorer.needs_reconstruction:
             self.recon.hold(lid, q3, k3, v3)  # compressed once the reconstruction pass has scored it
         elif save_kv_cache:
