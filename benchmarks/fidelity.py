@@ -25,10 +25,12 @@ and resume, and a code change re-runs only what it affects. Outputs: --out-dir/f
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -62,7 +64,9 @@ def digest(*parts) -> str:
 
 
 def code_version(setting: str, profile: str) -> str:
-    """What a setting's answers depend on (besides the token ids)."""
+    """What a setting's answers depend on (besides the token ids): the served package for Tangram,
+    only the modules the dense oracle imports for the oracle settings (a data-plane change in
+    attention/ or serving/ cannot change them), the runner for kvpress, SGLang's version for full KV."""
     if setting == "full":
         import sglang
 
@@ -70,9 +74,29 @@ def code_version(setting: str, profile: str) -> str:
     if setting.startswith("kvpress"):
         files = [os.path.join(ROOT, "benchmarks", f) for f in ("kvpress_runner.py", "kvpress-requirements.txt")]
     else:
-        files = sorted(f for f in glob.glob(os.path.join(ROOT, "tangram_sglang", "**", "*.py"), recursive=True)
-                       if not any(part in f for part in NOT_SERVED)) + [profile] + weight_files(profile)
+        package = oracle_files() if setting.split("@")[0].split("[")[0] in ORACLE else sorted(
+            glob.glob(os.path.join(ROOT, "tangram_sglang", "**", "*.py"), recursive=True))
+        files = [f for f in package if not any(part in f for part in NOT_SERVED)] + [profile] + weight_files(profile)
     return digest(*(open(f, "rb").read() if os.path.exists(f) else f for f in files))
+
+
+ORACLE_MODULES = ("tangram_sglang.serving_reference", "tangram_sglang.profile_scorer", "tangram_sglang.profile",
+                  "tangram_sglang.protection")
+
+
+@functools.lru_cache(maxsize=1)
+def oracle_files() -> list[str]:
+    """The package files the oracle settings load: imported in a fresh process from ROOT (so a
+    snapshot's own files), listed from its sys.modules."""
+    code = ("import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\n"
+            "print('\\n'.join(sorted(m.__file__ for n, m in list(sys.modules.items())\n"
+            "      if n.startswith('tangram_sglang') and getattr(m, '__file__', None))))")
+    out = subprocess.run([sys.executable, "-c", code, *ORACLE_MODULES], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()
+    outside = [f for f in out if not os.path.abspath(f).startswith(os.path.join(ROOT, "tangram_sglang"))]
+    if outside or not out:
+        raise SystemExit(f"the oracle's modules were not loaded from {ROOT}: {outside or 'none found'}")
+    return out
 
 
 def weight_files(profile: str) -> list[str]:
@@ -352,7 +376,7 @@ def carry_over(store: RunStore, args) -> None:
     from models import ensure_model
     from transformers import AutoTokenizer
 
-    checked = 0
+    checked, versions = 0, set()
     for model in args.models:
         model_path = ensure_model(model)
         convs = build_conversations(AutoTokenizer.from_pretrained(model_path), retrieval_per_kind=args.retrieval_per_kind,
@@ -360,6 +384,7 @@ def carry_over(store: RunStore, args) -> None:
         profile = os.path.join(ROOT, PROFILES[model])
         for setting in [s for s in args.settings if s != "full" and not s.startswith("kvpress")]:
             version = code_version(setting, profile)
+            versions.add(version)
             for ratio in args.ratios:
                 old = [c for c in convs if RunStore.key(model, setting, ratio, c, args.carry_from) in store.rows]
                 pick = old[:: max(1, len(old) // args.carry_check)][: args.carry_check]
@@ -377,9 +402,11 @@ def carry_over(store: RunStore, args) -> None:
     if checked == 0:
         log(f"carry check: no recorded conversations of version {args.carry_from} among the settings asked")
         return
-    store.record_equivalence(version, args.carry_from, f"{checked} conversations re-run with identical answers "
-                             f"({', '.join(args.settings)}; ratios {args.ratios})")
-    log(f"carry check passed on {checked} conversations: {args.carry_from} answers count for {version}")
+    for version in sorted(versions - {args.carry_from}):
+        store.record_equivalence(version, args.carry_from, f"{checked} conversations re-run with identical answers "
+                                 f"({', '.join(args.settings)}; ratios {args.ratios})")
+    log(f"carry check passed on {checked} conversations: {args.carry_from} answers count for "
+        f"{', '.join(sorted(versions))}")
 
 
 if __name__ == "__main__":
