@@ -65,7 +65,7 @@ class Workload:
         for name in CORPUS:
             with open(os.path.join(ROOT, name)) as f:
                 self.corpus += tok.encode(f.read(), add_special_tokens=False)
-        # ChatML pieces (SmolLM2's template); the system turn is the template's own.
+        # ChatML pieces (SmolLM2's and Qwen2.5's template); the system turn is the template's own.
         system = tok.apply_chat_template([{"role": "user", "content": "X"}], tokenize=False,
                                          add_generation_prompt=True).split("<|im_start|>user")[0]
         self.head = tok.encode(system + "<|im_start|>user\n", add_special_tokens=False)
@@ -253,7 +253,7 @@ def fmt_md(res: dict) -> str:
              f"(input_ids), each turn sent when the previous answer arrives: turn 1 = {a['prompt_tokens']}-token "
              f"prompt (repo docs, a different offset per session), turn k = turn k-1 + its output + "
              f"{a['new_tokens']} new tokens (+ chat markers); {a['max_new_tokens']} tokens "
-             f"generated per turn (greedy, ignore_eos). SmolLM2-135M-Instruct, float32 KV, CPU, "
+             f"generated per turn (greedy, ignore_eos). {os.path.basename(res.get('model_path', 'SmolLM2-135M-Instruct'))}, float32 KV, CPU, "
              f"OMP_NUM_THREADS=1. Each stock server and the Tangram servers after it get the same "
              f"`--max-total-tokens` T (the KV bytes of T full-KV tokens); 'vs stock' compares with the stock "
              f"server of the same T.", "",
@@ -301,6 +301,8 @@ def main(argv=None) -> int:
                     help="KV bytes of T full-KV tokens per server; several: one stock + Tangram set each")
     ap.add_argument("--ratios", type=float, nargs="*", default=[0.25], help="Tangram ratios (one server each)")
     ap.add_argument("--profile", default="configs/smollm2-snapkv.yaml")
+    ap.add_argument("--model", default="smollm2", choices=["smollm2", "qwen2.5-0.5b"],
+                    help="launch/models.py name; its profile is --profile")
     ap.add_argument("--prompt-tokens", type=int, default=1400)
     ap.add_argument("--new-tokens", type=int, default=60, help="new user text per later turn")
     ap.add_argument("--turns", type=int, default=2, help="turns per session (>= 1)")
@@ -314,7 +316,7 @@ def main(argv=None) -> int:
 
     from models import ensure_model
 
-    model_path = ensure_model("smollm2")
+    model_path = ensure_model(args.model)
     t_all = time.perf_counter()
     log(f"tokenizing the workload: {args.sessions} sessions, {args.prompt_tokens}-token prompts")
     if args.turns < 1:
@@ -334,7 +336,7 @@ def main(argv=None) -> int:
                                   total))
 
     res = dict(command="python benchmarks/concurrency.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               args=vars(args), full_kv_token_bytes=full_kv_token_bytes(model_path),
+               args=vars(args), model_path=model_path, full_kv_token_bytes=full_kv_token_bytes(model_path),
                total_s=round(time.perf_counter() - t_all, 1), modes=modes)
     problems = []
     for m in modes:
