@@ -14,7 +14,8 @@ from tangram_sglang.calibration.kvzip import chunk_scores, kvzip_sample
 from tangram_sglang.calibration.samples import PilotSample
 from tangram_sglang.profile import ProfileError
 from tangram_sglang.scorers import ScorerState
-from tangram_sglang.scorers.fastkvzip import (FastKVzipScorer, GateShape, load_gates, new_gates, save_gates)
+from tangram_sglang.scorers.fastkvzip import (FastKVzipScorer, GateShape, file_sha256, load_gates, new_gates,
+                                              save_gates)
 
 SHAPE = GateShape(num_layers=2, hidden_size=32, num_kv_heads=2, group=2)
 
@@ -196,3 +197,20 @@ def test_launch_refuses_a_gate_file_altered_after_calibration(tmp_path):
         f.write(b"x")
     with pytest.raises(ProfileError, match="p.gate.safetensors does not match"):
         attach_profile(server_args, path, None)
+
+
+def test_xz_gate_file_loads_the_same_gates(tmp_path):
+    """A shipped gate may be kept xz-compressed; its sha256 is the compressed file's."""
+    import lzma
+
+    plain = str(tmp_path / "g.gate.safetensors")
+    save_gates(new_gates(SHAPE, seed=5), plain)
+    packed = plain + ".xz"
+    with open(plain, "rb") as src, lzma.open(packed, "wb") as dst:
+        dst.write(src.read())
+    a, b = load_gates(plain), load_gates(packed, file_sha256(packed))
+    for ga, gb in zip(a, b, strict=True):
+        for (k, x), (_, y) in zip(ga.state_dict().items(), gb.state_dict().items()):
+            assert torch.equal(x, y), k
+    with pytest.raises(ValueError, match="does not match"):
+        load_gates(packed, file_sha256(plain))

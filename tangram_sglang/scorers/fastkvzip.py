@@ -25,10 +25,14 @@ the profile names it and its sha256 (``load_gates`` checks both).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import lzma
 import math
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -175,8 +179,22 @@ def save_gates(gates: list[LayerGate], path: str) -> str:
     return file_sha256(path)
 
 
+@contextlib.contextmanager
+def _plain_file(path: str):
+    """The gate file itself, or for ``*.xz`` (a shipped gate kept small in the repo; the sha256 is the
+    compressed file's) a temporary decompressed copy."""
+    if not path.endswith(".xz"):
+        yield path
+        return
+    with lzma.open(path) as src, tempfile.NamedTemporaryFile(suffix=".safetensors") as tmp:
+        shutil.copyfileobj(src, tmp)
+        tmp.flush()
+        yield tmp.name
+
+
 def load_gates(path: str, sha256: str = "") -> list[LayerGate]:
-    """Read a gate file; ValueError naming the file if it is missing, altered or not a gate file."""
+    """Read a gate file (.safetensors, or .safetensors.xz); ValueError naming the file if it is
+    missing, altered or not a gate file."""
     from safetensors import safe_open
 
     if not os.path.isfile(path):
@@ -185,7 +203,7 @@ def load_gates(path: str, sha256: str = "") -> list[LayerGate]:
         raise ValueError(f"fastkvzip gate file {path} does not match the profile's sha256 {sha256[:12]}... "
                          f"(altered or from another calibration)")
     try:
-        with safe_open(path, framework="pt") as f:
+        with _plain_file(path) as plain, safe_open(plain, framework="pt") as f:
             meta = f.metadata() or {}
             if meta.get("format") != GATE_FORMAT:
                 raise ValueError(f"fastkvzip gate file {path} is not a {GATE_FORMAT} file")
