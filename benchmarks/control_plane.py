@@ -20,6 +20,21 @@ Times are host (CPU) microseconds per request, best of --repeat, measured in one
 columns compare; ratios are to `tangram`.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/control_plane.py     # -> benchmarks/results/control_plane.{md,json}
+
+``--decode-step`` measures one decode step of a running batch instead (B requests holding
+--contexts tokens each), host microseconds per step:
+
+  rebuild          the pool's decode + the block table [B, L, G, W] rebuilt on the host and
+                   copied (the serving path before DeviceBlockTables)
+  host             the pool's decode + the pages the step opened (serving/block_tables.py):
+                   the host's share of the served step now, O(B x V)
+  device_tables    DeviceBlockTables.decode + seq_lens: one copy of the deltas, write slots and
+                   lengths computed by torch ops (on a GPU these are device work; here on CPU);
+                   attention reads the tables in place through the batch's rows
+  sglang           SGLang's own per-step metadata on the host: PagedTokenToKVPoolAllocator
+                   alloc_decode, the req_to_token write, seq_lens and kv_indptr
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/control_plane.py --decode-step   # -> control_plane_decode.{md,json}
 """
 
 from __future__ import annotations
@@ -167,6 +182,112 @@ def run_sglang(sg, P, batch, chunks, decode):
     return t1 - t0, time.perf_counter() - t0
 
 
+def decode_batch(beta, L, G, P, batch, context):
+    """A pool holding batch prefilled requests of context tokens each, with room to decode."""
+    chunks = [1024] * (context // 1024) + ([context % 1024] if context % 1024 else [])
+    spec = PoolSpec(num_layers=L, num_groups=G, heads_per_group=1, head_dim=1, page_size=P,
+                    num_pages=_pages(beta, P, batch, chunks, 512))
+    cache = RaggedKVCache(spec, beta.reshape(L, G))
+    rids = list(range(batch))
+    for r in rids:
+        cache.admit(r, chunk_tokens=chunks, decode_tokens=512)
+        for n in chunks:
+            cache.prefill_chunk(r, n)
+    return cache, rids
+
+
+def run_decode_steps(beta, L, G, P, batch, context, steps):
+    """Per-step seconds (best of steps) of: rebuild, host, device_tables."""
+    import torch
+
+    from tangram_sglang.serving.block_tables import DeviceBlockTables, opened_pages
+
+    cache, rids = decode_batch(beta, L, G, P, batch, context)
+    t_rebuild = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        cache.decode(rids)
+        table, lens = cache.build_layer_tables(rids)
+        torch.from_numpy(np.ascontiguousarray(table.transpose(1, 0, 2, 3)))
+        torch.from_numpy(np.ascontiguousarray(lens.transpose(1, 0, 2)))
+        t_rebuild.append(time.perf_counter() - t0)
+    tables = DeviceBlockTables(L, G, P, "cpu", rows=batch)
+    tables.load(rids, rids, [cache.requests[r].pages for r in rids])
+    t_host, t_dev = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        cache.decode(rids)
+        opened, width = opened_pages([cache.requests[r].pages for r in rids])
+        t1 = time.perf_counter()
+        rows_t, _ = tables.decode(rids, opened, width)
+        tables.seq_lens(rows_t)
+        t2 = time.perf_counter()
+        t_host.append(t1 - t0)
+        t_dev.append(t2 - t1)
+    return min(t_rebuild), min(t_host), min(t_dev)
+
+
+def run_sglang_steps(sg, P, batch, context, steps):
+    """SGLang's host metadata of one decode step (paged allocator, req_to_token, seq_lens, indptr)."""
+    torch, Alloc = sg
+    total = context + steps + 1
+    alloc = Alloc(size=(-(-total // P) + 1) * P * batch, page_size=P, dtype=torch.float16, device="cpu",
+                  kvcache=None, need_sort=False)
+    req_to_token = torch.zeros((batch, total + 1), dtype=torch.int32)
+    rows = torch.arange(batch)
+    lens = torch.full((batch,), context, dtype=torch.int64)
+    out = alloc.alloc(batch * (-(-context // P)) * P)
+    req_to_token[:, :context] = out.view(batch, -1)[:, :context].to(torch.int32)
+    best_s = float("inf")
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        last = req_to_token[rows, lens - 1].to(torch.int64)
+        seq = lens + 1
+        loc = alloc.alloc_decode(seq, seq.clone(), last)
+        req_to_token[rows, lens] = loc.to(torch.int32)
+        seq_i32 = seq.to(torch.int32)
+        indptr = torch.zeros(batch + 1, dtype=torch.int32)
+        indptr[1:] = torch.cumsum(seq_i32, 0)
+        best_s = min(best_s, time.perf_counter() - t0)
+        lens = seq
+    return best_s
+
+
+def decode_step_main(args, sg):
+    rng = np.random.default_rng(0)
+    P, B = args.page_size, args.batch
+    rows = []
+    for L in args.layers:
+        for G in args.groups:
+            beta = rng.uniform(0.05, 1.0, L * G)
+            for ctx in args.contexts:
+                rebuild, host, dev = run_decode_steps(beta, L, G, P, B, ctx, args.steps)
+                row = dict(L=L, G=G, context=ctx, rebuild=1e6 * rebuild, host=1e6 * host, device_tables=1e6 * dev)
+                if sg is not None:
+                    row["sglang"] = 1e6 * run_sglang_steps(sg, P, B, ctx, args.steps)
+                rows.append(row)
+                print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+    cols = [c for c in ("rebuild", "host", "device_tables", "sglang") if c in rows[0]]
+    lines = ["Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/control_plane.py --decode-step "
+             f"--batch {B} --layers {' '.join(map(str, args.layers))} --groups {' '.join(map(str, args.groups))} "
+             f"--contexts {' '.join(map(str, args.contexts))}`", "",
+             f"Host microseconds per decode step (best of {args.steps} steps), batch {B}, P={P}, budgets "
+             "uniform in [0.05, 1]; in brackets: time / sglang. `host` is what the served step costs the "
+             "host now; `device_tables` is torch work that runs on the device on a GPU (timed here on CPU).", "",
+             "| L | G | context | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
+    for r in rows:
+        base = r.get("sglang")
+        cells = [f"{r[c]:.0f}" + (f" ({r[c] / base:.2f}x)" if base and c != "sglang" else "") for c in cols]
+        lines.append(f"| {r['L']} | {r['G']} | {r['context']} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "control_plane_decode.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "control_plane_decode.json"), "w") as f:
+        json.dump(dict(args=vars(args), rows=rows), f, indent=1)
+    print(text)
+
+
 def best(fn, repeat):
     """(prefill phase, whole request) seconds, each the best of repeat runs."""
     runs = [fn() for _ in range(repeat)]
@@ -184,8 +305,13 @@ def main(argv=None):
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-loop", action="store_true", help="skip the per-v Python loop baseline")
+    ap.add_argument("--decode-step", action="store_true", help="per decode step of a running batch (see above)")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[2048, 32768], help="--decode-step: tokens per request")
+    ap.add_argument("--steps", type=int, default=32, help="--decode-step: steps timed (best is reported)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = ap.parse_args(argv)
+    if args.decode_step:
+        return decode_step_main(args, load_sglang())
     chunks = [args.chunk] * (args.tokens // args.chunk) + ([args.tokens % args.chunk] if args.tokens % args.chunk else [])
     sg = load_sglang()
     rng = np.random.default_rng(0)

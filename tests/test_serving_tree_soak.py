@@ -8,6 +8,7 @@ end must return every page.
 import random
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -33,6 +34,19 @@ class Row:
 
     def write(self, index, values):
         self.req_to_token[index] = values
+
+
+def assert_plan_matches_host(serving, rid, plan, lens):
+    """The device tables of a one-request plan hold the host pool's pages up to lens (int [V])."""
+    pages = serving.cache.requests[rid].pages
+    P = pages.page_size
+    sl = plan.seq_lens.permute(1, 0, 2).reshape(-1).numpy()
+    assert np.array_equal(sl, lens)
+    table = plan.block_table if plan.rows is None else plan.block_table[:, plan.rows]
+    table = table.permute(1, 0, 2, 3).reshape(pages.num_virtual, -1).numpy()
+    used = -(-np.asarray(lens) // P)
+    for v in range(pages.num_virtual):
+        assert np.array_equal(table[v, : used[v]], pages.pages[v, : used[v]])
 
 
 class FakeReq:
@@ -111,7 +125,9 @@ class Driver:
         pool_req = self.serving.cache.requests[req.rid]
         if not pool_req.prefill_done:
             n = st.chunk_tokens[len(pool_req.chunk_ends)]
-            self.serving.extend_metadata([req.rid], [n])
+            before = pool_req.pages.lens.copy()
+            plan = self.serving.extend_metadata([req.rid], [n])
+            assert_plan_matches_host(self.serving, req.rid, plan, before)
             req.kv_len += n
             if pool_req.prefill_done:
                 req.output.append(self.rng.randrange(8))  # sampled after the last chunk
@@ -124,7 +140,12 @@ class Driver:
             return
         ids = self.alloc.alloc(1)
         self.rows.req_to_token[req.kv.req_pool_idx, req.kv_len] = ids.to(torch.int32)
-        self.serving.decode_metadata([req.rid])
+        plan = self.serving.decode_metadata([req.rid])
+        pages = pool_req.pages
+        assert_plan_matches_host(self.serving, req.rid, plan, pages.lens)
+        slot, P = pages.lens - 1, pages.page_size
+        host_loc = pages.pages[np.arange(slot.size), slot // P].astype(np.int64) * P + slot % P
+        assert np.array_equal(torch.stack(plan.out_loc).numpy().reshape(-1), host_loc)
         req.kv_len += 1
         req.output.append(self.rng.randrange(8))
 

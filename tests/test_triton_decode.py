@@ -70,3 +70,30 @@ def test_triton_decode_odd_head_dim_and_many_splits():
     out = ragged_decode_triton(q.to(DEVICE), cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens,
                                cache.meta.to(DEVICE), split.to(DEVICE), 0.2, block_n=16)
     torch.testing.assert_close(out.cpu(), want, atol=3e-5, rtol=1e-4)
+
+
+def scatter_rows(block_table, rows, num_rows):
+    """The batch's tables placed at rows of a larger [R, G, W] table (garbage elsewhere)."""
+    full = torch.randint(0, 3, (num_rows, *block_table.shape[1:]), dtype=block_table.dtype)
+    full[rows] = block_table
+    return full
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_decode_reads_the_batch_rows_of_a_larger_table(impl):
+    """rows: entry b reads row rows[b] of every request row's table (the served decode path)."""
+    lens = np.array([[17, 0, 5], [1, 54, 9], [3, 3, 0]])
+    cache = make_ragged_cache(lens, num_kv_heads=6, gqa=2, heads_per_group=2, head_dim=16, page_size=4, seed=4)
+    q = torch.randn(3, 12, 16)
+    split = make_split_row([2, 1, 3])
+    want = dense_decode(q, cache.k_full, cache.v_full, cache.keep, 0.25)
+    rows = torch.tensor([5, 0, 3])
+    full = scatter_rows(cache.block_table, rows, 7)
+    if impl == "torch":
+        out = ragged_decode_torch(q, cache.k_pages, cache.v_pages, full, cache.seq_lens, cache.meta, split, 0.25,
+                                  tile=8, rows=rows)
+    else:
+        cache = _to(cache, DEVICE)
+        out = ragged_decode_triton(q.to(DEVICE), cache.k_pages, cache.v_pages, full.to(DEVICE), cache.seq_lens,
+                                   cache.meta.to(DEVICE), split.to(DEVICE), 0.25, block_n=16, rows=rows.to(DEVICE))
+    torch.testing.assert_close(out.cpu(), want, atol=3e-5, rtol=1e-4)

@@ -46,13 +46,17 @@ def load_extension(verbose: bool = False):
 
 def ragged_decode_cuda(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                        block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
-                       split: SplitRow, sm_scale: float, *, return_lse: bool = False):
+                       split: SplitRow, sm_scale: float, *, return_lse: bool = False,
+                       rows: torch.Tensor | None = None):
     """Decode attention over ragged groups on the GPU (see reference.ragged_decode_torch).
 
     block_table, seq_lens: int32 with a unit last stride; k_pages, v_pages contiguous,
     same dtype as q (float32, float16 or bfloat16). Returns o [B, Hq, d] (and lse
-    float32 [B, Hq] if return_lse).
+    float32 [B, Hq] if return_lse). rows (see the reference): the kernel reads a [B, G, W]
+    table, so the batch's rows are gathered first (the Triton kernel reads them in place).
     """
+    if rows is not None:
+        block_table = block_table.index_select(0, rows)
     ext = load_extension()
     o, lse = ext.ragged_decode(q, k_pages, v_pages, block_table, seq_lens, meta.q_head, meta.group_size,
                                split.splits, split.cta_offset, split.cta_group, split.cta_split, meta.gqa,

@@ -61,17 +61,22 @@ def tile_pieces(seq_lens: torch.Tensor, tile: int) -> Pieces:
     return _cut(lens, torch.full_like(lens, tile))
 
 
-def piece_slots(pieces: Pieces, block_table: torch.Tensor, page_size: int):
+def piece_slots(pieces: Pieces, block_table: torch.Tensor, page_size: int, rows: torch.Tensor | None = None):
     """Flat pool slots of every piece, padded to the longest.
 
-    block_table: int [B, G, max_pages]. Returns (loc int64 [NP, W], valid bool [NP, W]);
+    block_table: int [B, G, max_pages], contiguous; or, with rows (int64 [B]), [R, G, max_pages]
+    where batch entry b reads row rows[b]. Returns (loc int64 [NP, W], valid bool [NP, W]);
     padding columns repeat the piece's first slot (written data, never garbage).
     """
     col = torch.arange(pieces.width, device=pieces.start.device)
     valid = col < pieces.length[:, None]
     pos = torch.where(valid, col, 0).add_(pieces.start[:, None])
     page_of, offset = _page_and_offset(pos, page_size)
-    page_of.add_((pieces.item * block_table.shape[-1])[:, None])
+    item = pieces.item
+    if rows is not None:
+        groups = block_table.shape[1]
+        item = rows.index_select(0, torch.div(item, groups, rounding_mode="floor")) * groups + item % groups
+    page_of.add_((item * block_table.shape[-1])[:, None])
     page = block_table.reshape(-1).index_select(0, page_of.view(-1)).view(pos.shape).to(torch.int64)
     return page.mul_(page_size).add_(offset), valid
 

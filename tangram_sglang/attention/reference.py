@@ -40,7 +40,8 @@ def ungroup_rows(x: torch.Tensor, meta: LayerMeta, batch: int, num_q: int) -> to
 
 
 def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                  block_table: torch.Tensor, pieces: Pieces, sm_scale: float, fused: bool = False):
+                  block_table: torch.Tensor, pieces: Pieces, sm_scale: float, fused: bool = False,
+                  rows: torch.Tensor | None = None):
     """Partial attention of every piece, in batches of pieces (a loop over work, not requests).
 
     qg: float32 [B * G, H_p, Mg, d] (group_rows); k_pages, v_pages: [num_pages, P, H_p, d].
@@ -48,10 +49,10 @@ def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
     Slot indices, queries and outputs are built once for all pieces; each batch
     gathers its K and V into two buffers reused by every batch (see GATHER_BYTES).
     fused: each batch on ATen's fused CPU kernel (fused_cpu.attend_block_fused) instead of
-    the two matmuls below (CPU tensors only).
+    the two matmuls below (CPU tensors only). rows: see ragged_decode_torch.
     """
     _, page_size, hp, d = k_pages.shape
-    loc, valid = piece_slots(pieces, block_table, page_size)
+    loc, valid = piece_slots(pieces, block_table, page_size, rows)
     num_p, width = loc.shape
     q = qg.index_select(0, pieces.item).mul_(sm_scale)
     o = q.new_empty(q.shape)
@@ -89,7 +90,7 @@ GATHER_BYTES = 2 << 20
 
 def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                   block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
-                  pieces: Pieces, sm_scale: float, fused: bool = False):
+                  pieces: Pieces, sm_scale: float, fused: bool = False, rows: torch.Tensor | None = None):
     """Every query row attends to all cached slots of its group (no causal mask).
 
     q_rows: [B, M, Hq, d]; block_table: int32 [B, G, max_pages]; seq_lens: int32 [B, G].
@@ -102,7 +103,7 @@ def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
         o = torch.zeros(qg.shape, dtype=torch.float32, device=qg.device)
         lse = torch.full(qg.shape[:-1], float("-inf"), device=qg.device)
     else:
-        o, lse = attend_pieces(qg, k_pages, v_pages, block_table, pieces, sm_scale, fused)
+        o, lse = attend_pieces(qg, k_pages, v_pages, block_table, pieces, sm_scale, fused, rows)
         o, lse = merge_by_item(o, lse, pieces.item, pieces.num_items)
     return ungroup_rows(o, meta, batch, num_q), ungroup_rows(lse, meta, batch, num_q)
 
@@ -115,7 +116,7 @@ def decode_pieces(seq_lens: torch.Tensor, split: SplitRow, tile: int | None) -> 
 def ragged_decode_torch(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                         block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
                         split: SplitRow, sm_scale: float, *, tile: int | None = None,
-                        return_lse: bool = False):
+                        return_lse: bool = False, rows: torch.Tensor | None = None):
     """Decode attention of one layer over ragged groups.
 
     Parameters
@@ -130,12 +131,15 @@ def ragged_decode_torch(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
     sm_scale : softmax scale.
     tile : None cuts each (b, g) into S[g] pieces like the kernels; an int cuts
         into tiles of that many slots (the CPU data plane's choice).
+    rows : None, or int64 [B]: block_table is then [R, G, max_pages] (every request row of
+        the serving process) and batch entry b reads row rows[b] (no per-step gather).
 
     Returns
     -------
     o : [B, Hq, d] in q's dtype (and lse float32 [B, Hq] if return_lse).
     """
     pieces = decode_pieces(seq_lens, split, tile)
-    o, lse = attend_cached(q[:, None], k_pages, v_pages, block_table, seq_lens, meta, pieces, sm_scale)
+    o, lse = attend_cached(q[:, None], k_pages, v_pages, block_table, seq_lens, meta, pieces, sm_scale,
+                           rows=rows)
     o = o[:, 0].to(q.dtype)
     return (o, lse[:, 0]) if return_lse else o

@@ -25,7 +25,7 @@ from .split_row import SplitRow
 
 
 @triton.jit
-def _split_kernel(Q, K, V, BT, LENS, SPLITS, CTA_G, CTA_S, QH, GSIZE, MID_O, MID_LSE, sm_scale,
+def _split_kernel(Q, K, V, BT, ROWS, LENS, SPLITS, CTA_G, CTA_S, QH, GSIZE, MID_O, MID_LSE, sm_scale,
                   stride_qb, stride_qh, stride_btb, stride_btg, stride_lb, num_ctas,
                   PAGE: tl.constexpr, HP: tl.constexpr, GQA: tl.constexpr, D: tl.constexpr,
                   BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -45,7 +45,7 @@ def _split_kernel(Q, K, V, BT, LENS, SPLITS, CTA_G, CTA_S, QH, GSIZE, MID_O, MID
     offs_d = tl.arange(0, BLOCK_D)
     qmask = offs_q < GQA
     dmask = offs_d < D
-    bt_row = BT + b * stride_btb + g * stride_btg
+    bt_row = BT + tl.load(ROWS + b) * stride_btb + g * stride_btg
     for p in tl.static_range(HP):
         if p < gsize:
             qh = tl.load(QH + (g * HP + p) * GQA + offs_q, mask=qmask, other=0)
@@ -122,12 +122,13 @@ def _pow2(x: int, floor: int = 16) -> int:
 def ragged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                          block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
                          split: SplitRow, sm_scale: float, *, block_n: int = 32,
-                         return_lse: bool = False):
+                         return_lse: bool = False, rows: torch.Tensor | None = None):
     """Decode attention over ragged groups (see reference.ragged_decode_torch for the arguments).
 
     k_pages, v_pages must be contiguous; block_table [B, G, max_pages] and seq_lens
     [B, G] need a unit stride on their last dim. Returns o [B, Hq, d] in q's dtype
-    (and lse float32 [B, Hq] if return_lse).
+    (and lse float32 [B, Hq] if return_lse). rows: int64 [B] table row of each batch
+    entry (block_table then [R, G, max_pages]); None reads row b.
     """
     batch, hq, d = q.shape
     hp, gqa = meta.heads_per_group, meta.gqa
@@ -135,21 +136,23 @@ def ragged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.
         raise ValueError("k_pages and v_pages must be contiguous")
     if block_table.stride(-1) != 1 or seq_lens.stride(-1) != 1:
         raise ValueError("block_table and seq_lens need a unit stride on their last dimension")
+    if rows is None:
+        rows = torch.arange(batch, dtype=torch.int64, device=q.device)
     num_ctas = split.num_ctas
-    rows = hp * gqa
-    mid_o = torch.empty(batch, num_ctas, rows, d, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(batch, num_ctas, rows, dtype=torch.float32, device=q.device)
+    head_rows = hp * gqa
+    mid_o = torch.empty(batch, num_ctas, head_rows, d, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(batch, num_ctas, head_rows, dtype=torch.float32, device=q.device)
     o = torch.empty_like(q)
     lse = torch.empty(batch, hq, dtype=torch.float32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _split_kernel[(batch, num_ctas)](
-        q, k_pages, v_pages, block_table, seq_lens, split.splits, split.cta_group, split.cta_split,
+        q, k_pages, v_pages, block_table, rows, seq_lens, split.splits, split.cta_group, split.cta_split,
         meta.q_head, meta.group_size, mid_o, mid_lse, sm_scale,
         q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1), seq_lens.stride(0), num_ctas,
         PAGE=k_pages.shape[1], HP=hp, GQA=gqa, D=d, BLOCK_Q=_pow2(gqa), BLOCK_N=block_n,
         BLOCK_D=_pow2(d), PRECISION=precision)
     _merge_kernel[(batch, meta.num_groups)](
         mid_o, mid_lse, split.splits, split.cta_offset, meta.q_head, meta.group_size, o, lse,
-        o.stride(0), o.stride(1), lse.stride(0), num_ctas, HP=hp, GQA=gqa, D=d, BLOCK_R=_pow2(rows, 1),
+        o.stride(0), o.stride(1), lse.stride(0), num_ctas, HP=hp, GQA=gqa, D=d, BLOCK_R=_pow2(head_rows, 1),
         BLOCK_D=_pow2(d))
     return (o, lse) if return_lse else o

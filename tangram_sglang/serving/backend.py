@@ -161,7 +161,7 @@ class TangramAttnBackend(AttentionBackend):
                             v.view(-1, layer.tp_v_head_num, layer.v_head_dim), plan.out_loc[lid], meta,
                             k_pages, v_pages)
         o = ragged_decode_torch(q3, k_pages, v_pages, plan.block_table[lid], plan.seq_lens[lid], meta,
-                                self.serving.split_rows[lid], layer.scaling, tile=self.tile)
+                                self.serving.split_rows[lid], layer.scaling, tile=self.tile, rows=plan.rows)
         return o.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def support_triton(self):

@@ -29,6 +29,7 @@ from ..profile import ModelShape, TangramProfile, load_profile
 from ..protection import Protection, chunk_protection, min_keep
 from ..profile_scorer import profile_scorer
 from ..scorers import ScorerState
+from .block_tables import DeviceBlockTables, opened_pages
 
 DEFAULT_CHUNK = 512
 _CURRENT: "TangramServing | None" = None
@@ -132,6 +133,7 @@ class TangramServing:
         self.metas = build_layer_metas(self.entry, num_q_heads=num_q_heads, num_kv_heads=shape.num_kv_heads,
                                        heads_per_group=self.profile.heads_per_group, device=device)
         self.split_rows = make_split_rows(self.entry.split_map, device=device)
+        self.tables = DeviceBlockTables(shape.num_layers, self.entry.num_groups, page_size, device)
         slots_per_token = float(self.entry.group_budget.sum())
         # Generous: SGLang's token budget (decode estimates of running requests included) must
         # never bind before the pages do; an id costs 8 bytes of free list.
@@ -247,8 +249,10 @@ class TangramServing:
         if state is None:
             return
         self.cache.release(rid)
-        if state.row is not None and self.row_to_rid.get(state.row) == rid:
-            del self.row_to_rid[state.row]
+        if state.row is not None:
+            self.tables.forget(state.row, rid)
+            if self.row_to_rid.get(state.row) == rid:
+                del self.row_to_rid[state.row]
 
     def rids_of_rows(self, rows) -> list[str]:
         return [self.row_to_rid[int(r)] for r in rows]
@@ -315,6 +319,9 @@ class TangramServing:
         self.cache.check_integrity()
         if self.tree is not None:
             self.tree.check_integrity()
+        for rid, state in self.requests.items():
+            if state.row is not None and self.tables.mirrors(state.row, rid):
+                self.tables.check(state.row, self.cache.requests[rid].pages)
 
     # -- forward metadata (attention backend) ---------------------------------------------------
     def extend_metadata(self, rids, ext_lens) -> "ForwardPlan":
@@ -324,32 +331,52 @@ class TangramServing:
             if st.copy_src is not None:
                 self.data.copy_pages(st.copy_src, st.copy_dst)
                 st.copy_src = st.copy_dst = None
-        table, lens = self.cache.build_layer_tables(rids)
+        before = np.stack([self.cache.requests[rid].pages.lens for rid in rids]).astype(np.int32)  # [B, V]
         protect = [self.requests[rid].protect[len(self.cache.requests[rid].chunk_ends)] for rid in rids]
         writes = [self.cache.prefill_chunk(rid, int(n)) for rid, n in zip(rids, ext_lens)]
         keep = np.stack([w.counts for w in writes])                     # [B, L, G]
         locs = [w.slot_locs for w in writes]                            # [L, G, k_b] each
+        dev = self.data.k_pages.device
         out = []
         for layer in range(self.spec.num_layers):
             parts = [loc[layer][np.arange(loc.shape[-1])[None, :] < kb[layer][:, None]]
                      for loc, kb in zip(locs, keep)]
-            out.append(torch.from_numpy(np.concatenate(parts)).to(self.data.k_pages.device))
+            out.append(torch.from_numpy(np.concatenate(parts)).to(dev))
+        # The tables after the chunk's pages were drawn, read only up to the slots cached before it.
+        rows, host = self._rows(rids), [self.cache.requests[rid].pages for rid in rids]
+        self.tables.load(rows, rids, host)
+        width = max(int(p.npages.max(initial=0)) for p in host)
+        table, lens = self.tables.view(rows, max(width, 1), torch.from_numpy(before).to(dev))
         self._note_peak()
-        return ForwardPlan.make(table, lens, self.data.k_pages.device, keep=keep, out_loc=out, protect=protect,
-                                states=[[self.requests[r].scorer_states[l] for r in rids]
-                                        for l in range(self.spec.num_layers)])
+        return ForwardPlan(block_table=table, seq_lens=lens, out_loc=out, keep=torch.from_numpy(keep).to(dev),
+                           protect=protect, states=[[self.requests[r].scorer_states[l] for r in rids]
+                                                    for l in range(self.spec.num_layers)])
+
+    def _rows(self, rids) -> list[int]:
+        rows = [self.requests[rid].row for rid in rids]
+        if any(r is None for r in rows):
+            raise RuntimeError("Tangram: a request reached the attention backend without its SGLang row")
+        return rows
 
     def decode_metadata(self, rids) -> "ForwardPlan":
-        """One new slot per (request, layer, group); tables are those AFTER the append."""
-        locs = self.cache.decode(rids)
-        if locs is None:
+        """One new slot per (request, layer, group); tables are those AFTER the append.
+
+        Host work is O(batch x virtual layers): the pool appends the pages this step opens,
+        and only those cross to the device tables, which compute the write slots there."""
+        rows = self._rows(rids)
+        stale = [i for i, (row, rid) in enumerate(zip(rows, rids)) if not self.tables.mirrors(row, rid)]
+        if stale:  # a row not loaded since its pages changed (never after an extend of the same request)
+            self.tables.load([rows[i] for i in stale], [rids[i] for i in stale],
+                             [self.cache.requests[rids[i]].pages for i in stale])
+        if self.cache.decode(rids) is None:
             raise RuntimeError("Tangram: decode step without pages (SGLang's capacity check should have retracted)")
-        table, lens = self.cache.build_layer_tables(rids)
-        dev = self.data.k_pages.device
-        out = [torch.from_numpy(np.ascontiguousarray(locs[:, layer, :]).reshape(-1)).to(dev)
-               for layer in range(self.spec.num_layers)]
+        opened, width = opened_pages([self.cache.requests[rid].pages for rid in rids])
+        rows_t, locs = self.tables.decode(rows, opened, width)        # on the device
+        L, G = self.spec.num_layers, self.spec.num_groups
+        per_layer = locs.view(len(rids), L, G).transpose(0, 1).reshape(L, -1)
         self._note_peak()
-        return ForwardPlan.make(table, lens, dev, out_loc=out)
+        return ForwardPlan(block_table=self.tables.pages, seq_lens=self.tables.seq_lens(rows_t),
+                           out_loc=list(per_layer.unbind(0)), rows=rows_t)
 
     def _note_peak(self) -> None:
         used = self.spec.num_pages - self.cache.pool.num_free
@@ -358,20 +385,16 @@ class TangramServing:
 
 @dataclass
 class ForwardPlan:
-    """Per-layer views of one forward batch: block_table[l] int32 [B, G, W], seq_lens[l] int32 [B, G],
+    """Per-layer views of one forward batch (device tensors from DeviceBlockTables):
+    block_table[l] int32 [B, G, W] (extend) or, with rows int64 [B] (decode), [R, G, W] of every
+    request row, entry b reading row rows[b]; seq_lens[l] int32 [B, G],
     out_loc[l] int64 flat slots to write, keep int64 [B, L, G] (extend only), states[l] scorer states,
     protect [(lead, trail)] * B protected runs of each request's chunk (extend only)."""
 
-    block_table: torch.Tensor   # [L, B, G, W]
+    block_table: torch.Tensor   # [L, B, G, W], or [L, R, G, W] with rows
     seq_lens: torch.Tensor      # [L, B, G]
     out_loc: list
+    rows: torch.Tensor | None = None
     keep: torch.Tensor | None = None
     states: list | None = None
     protect: list | None = None
-
-    @classmethod
-    def make(cls, table: np.ndarray, lens: np.ndarray, device, *, out_loc, keep=None, states=None, protect=None):
-        bt = torch.from_numpy(np.ascontiguousarray(table.transpose(1, 0, 2, 3))).to(device)
-        sl = torch.from_numpy(np.ascontiguousarray(lens.transpose(1, 0, 2))).to(device)
-        kp = None if keep is None else torch.from_numpy(keep).to(device)
-        return cls(block_table=bt, seq_lens=sl, out_loc=out_loc, keep=kp, states=states, protect=protect)

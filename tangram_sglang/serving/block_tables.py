@@ -1,0 +1,151 @@
+"""DeviceBlockTables: every SGLang request row's ragged block table, resident on the device.
+
+The host pool (RequestPages per request) stays the truth; this is its mirror in
+the layout the attention kernels read, kept in step incrementally so that a
+decode step costs the host O(batch x virtual layers) integer work and the
+device no copy of any table, whatever the context length (the paper's
+vectorized block table, 4.2.3):
+
+    pages  int32 [L, R, G, W]  page ids of (layer l, row r, group g); 0 past the
+                               row's pages (a valid id, never read past lens)
+    lens   int32 [R, V]        slots held, v = l * G + g
+
+R (SGLang req_pool_idx rows) and W (pages of the longest (row, v)) grow by
+doubling when a larger row or page count shows up.
+
+* ``load``: whole rows copied from the host (an extend: its work is O(context) anyway).
+* ``decode``: one new slot per (row, v). The host sends only the rows and the pages
+  this step opened, in one host-to-device copy; the slots to write and the new
+  lengths are computed on the device, with no sync. Decode attention then reads
+  ``pages[l]`` ([R, G, W], every row) through the batch's ``rows`` (no gather).
+
+``check`` compares a row with the host truth (the integrity check).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..pool.request_pages import RequestPages
+from ..pool.spec import PoolError
+
+
+class DeviceBlockTables:
+    def __init__(self, num_layers: int, num_groups: int, page_size: int, device, rows: int = 8, width: int = 8):
+        self.num_layers, self.num_groups, self.page_size = num_layers, num_groups, page_size
+        self.device = torch.device(device)
+        self.pages = torch.zeros(num_layers, rows, num_groups, width, dtype=torch.int32, device=self.device)
+        self.lens = torch.zeros(rows, num_layers * num_groups, dtype=torch.int32, device=self.device)
+        v = torch.arange(num_layers * num_groups, device=self.device)
+        self._layer, self._group = (v // num_groups)[None, :], (v % num_groups)[None, :]   # [1, V]
+        self.owner: dict[int, object] = {}   # row -> rid whose pages it mirrors
+
+    @property
+    def num_virtual(self) -> int:
+        return self.num_layers * self.num_groups
+
+    def _ensure(self, max_row: int, width: int) -> None:
+        L, rows, G, cap = self.pages.shape
+        if max_row < rows and width <= cap:
+            return
+        new_rows = rows if max_row < rows else max(2 * rows, max_row + 1)
+        new_cap = cap if width <= cap else max(2 * cap, width)
+        pages = torch.zeros(L, new_rows, G, new_cap, dtype=torch.int32, device=self.device)
+        pages[:, :rows, :, :cap] = self.pages
+        lens = torch.zeros(new_rows, L * G, dtype=torch.int32, device=self.device)
+        lens[:rows] = self.lens
+        self.pages, self.lens = pages, lens
+
+    def _rows(self, rows) -> torch.Tensor:
+        return torch.as_tensor(rows, dtype=torch.int64).to(self.device)
+
+    def load(self, rows: list[int], rids: list, host: list[RequestPages]) -> None:
+        """Copy whole rows from the host pool (pages and lens as they are now)."""
+        width = max([int(p.npages.max(initial=0)) for p in host] + [1])
+        self._ensure(max(rows), width)
+        L, G = self.num_layers, self.num_groups
+        table = np.zeros((len(rows), L * G, width), dtype=np.int32)
+        lens = np.zeros((len(rows), L * G), dtype=np.int32)
+        for i, p in enumerate(host):
+            w = min(width, p.pages.shape[1])
+            table[i, :, :w] = np.maximum(p.pages[:, :w], 0)
+            lens[i] = p.lens
+        idx = self._rows(rows)
+        dev = torch.from_numpy(table).to(self.device).view(len(rows), L, G, width).transpose(0, 1)
+        self.pages[:, idx, :, :width] = dev
+        self.lens[idx] = torch.from_numpy(lens).to(self.device)
+        for r, rid in zip(rows, rids):
+            self.owner[int(r)] = rid
+
+    def mirrors(self, row: int, rid) -> bool:
+        return self.owner.get(int(row)) == rid
+
+    def forget(self, row: int, rid) -> None:
+        if self.owner.get(int(row)) == rid:
+            del self.owner[int(row)]
+
+    def decode(self, rows: list[int], opened: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append one slot to every v of every row. Returns (the batch's rows int64 [B] on the
+        device, the slots to write int64 [B, V]).
+
+        opened: int64 [n, 3] (batch index, v, page id) of the pages this step opened (the
+        host appended them; their column is the row's lens // P before the step). width: the
+        largest page count of the batch after the step.
+        """
+        P, B = self.page_size, len(rows)
+        self._ensure(max(rows), width)
+        packed = np.concatenate([np.asarray(rows, np.int64), np.asarray(opened, np.int64).reshape(-1)])
+        dev = torch.from_numpy(packed).to(self.device, non_blocking=True)
+        r, new = dev[:B], dev[B:].view(-1, 3)
+        lens = self.lens.index_select(0, r)                                   # [B, V]
+        col = (lens // P).to(torch.int64)
+        if new.shape[0]:
+            b, v = new[:, 0], new[:, 1]
+            self.pages[self._layer[0, v], r[b], self._group[0, v], col[b, v]] = new[:, 2].to(torch.int32)
+        page = self.pages[self._layer, r[:, None], self._group, col].to(torch.int64)   # [B, V]
+        self.lens.index_copy_(0, r, lens + 1)
+        return r, page * P + (lens % P).to(torch.int64)
+
+    def seq_lens(self, rows: torch.Tensor) -> torch.Tensor:
+        """int32 [L, B, G]: slots held by each (layer, batch entry, group)."""
+        lens = self.lens.index_select(0, rows)
+        return lens.view(len(rows), self.num_layers, self.num_groups).permute(1, 0, 2).contiguous()
+
+    def view(self, rows: list[int], width: int, lens: torch.Tensor | None = None):
+        """(block_table int32 [L, B, G, width], seq_lens int32 [L, B, G]) of rows, gathered.
+
+        lens: int32 [B, V] to report instead of the rows' own (an extend reads the slots
+        cached before its chunk)."""
+        r = self._rows(rows)
+        table = self.pages[:, r, :, :width]
+        if lens is None:
+            return table, self.seq_lens(r)
+        return table, lens.view(len(rows), self.num_layers, self.num_groups).permute(1, 0, 2).contiguous()
+
+    def check(self, row: int, host: RequestPages) -> None:
+        """Raise PoolError if the device row differs from the host pool's pages or lens."""
+        n = host.npages
+        width = int(n.max(initial=0))
+        lens = self.lens[row].cpu().numpy()
+        if not np.array_equal(lens, host.lens):
+            raise PoolError(f"device block table row {row}: lens differ from the host pool")
+        if width > self.pages.shape[3]:
+            raise PoolError(f"device block table row {row}: {width} pages on the host, room for {self.pages.shape[3]}")
+        dev = self.pages[:, row, :, :width].reshape(self.num_virtual, width).cpu().numpy()
+        held = np.arange(width)[None, :] < n[:, None]
+        if not np.array_equal(dev[held], host.pages[:, :width][held]):
+            raise PoolError(f"device block table row {row}: page ids differ from the host pool")
+
+
+def opened_pages(host: list[RequestPages]) -> tuple[np.ndarray, int]:
+    """After a decode step appended one slot per v: the pages it opened, int64 [n, 3]
+    (batch index, v, page id), and the largest page count of the batch. O(B x V)."""
+    parts, width = [], 1
+    for i, pages in enumerate(host):
+        slot = pages.lens - 1                                            # the slot just appended
+        v = np.flatnonzero(slot % pages.page_size == 0)
+        if v.size:
+            parts.append(np.stack([np.full(v.size, i), v, pages.pages[v, slot[v] // pages.page_size]], axis=1))
+        width = max(width, int(pages.npages.max(initial=0)))
+    return (np.concatenate(parts).astype(np.int64) if parts else np.zeros((0, 3), np.int64)), width
