@@ -200,7 +200,7 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
     """Per-step seconds (best of steps) of: rebuild, host, device_tables."""
     import torch
 
-    from tangram_sglang.serving.block_tables import DeviceBlockTables, opened_pages
+    from tangram_sglang.serving.block_tables import DeviceBlockTables
 
     cache, rids = decode_batch(beta, L, G, P, batch, context)
     t_rebuild = []
@@ -216,10 +216,9 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
     t_host, t_dev = [], []
     for _ in range(steps):
         t0 = time.perf_counter()
-        cache.decode(rids)
-        opened, width = opened_pages([cache.requests[r].pages for r in rids])
+        step = cache.decode_step(rids)
         t1 = time.perf_counter()
-        rows_t, _ = tables.decode(rids, opened, width)
+        rows_t, _ = tables.decode(rids, step.opened, step.width)
         tables.seq_lens(rows_t)
         t2 = time.perf_counter()
         t_host.append(t1 - t0)

@@ -59,8 +59,10 @@ def torch_native_decoder(batch: int, ctx: int, num_kv: int, d: int, gqa: int):
     return step
 
 
-def tangram_decoder(entry, shape: ModelShape, hp: int, batch: int, ctx: int, gqa: int, page: int, tile):
-    """ragged_decode_torch over every layer of ``entry``; returns (step, kv_slots_read)."""
+def tangram_decoder(entry, shape: ModelShape, hp: int, batch: int, ctx: int, gqa: int, page: int, tile,
+                    in_place: bool = False):
+    """ragged_decode_torch over every layer of ``entry``; returns (step, kv_slots_read).
+    in_place: the tables are rows of a [3B, G, W] table, read through rows (the served path)."""
     num_g = len(entry.groups[0])
     metas = build_layer_metas(entry, num_q_heads=shape.num_kv_heads * gqa, num_kv_heads=shape.num_kv_heads,
                               heads_per_group=hp)
@@ -71,13 +73,20 @@ def tangram_decoder(entry, shape: ModelShape, hp: int, batch: int, ctx: int, gqa
     num_pages = batch * num_g * pages_per
     perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
     table = perm.view(batch, num_g, pages_per)
+    rows = None
+    if in_place:
+        rows = torch.randperm(3 * batch, generator=torch.Generator().manual_seed(1))[:batch]
+        full = torch.zeros(3 * batch, num_g, pages_per, dtype=torch.int32)
+        full[rows] = table
+        table = full
     k_pages = torch.randn(num_pages, page, hp, shape.head_dim)
     v_pages = torch.randn(num_pages, page, hp, shape.head_dim)
     scale = 1.0 / math.sqrt(shape.head_dim)
 
     def step(q, layers):
         for l in range(layers):
-            out = ragged_decode_torch(q, k_pages, v_pages, table, lens[l], metas[l], splits[l], scale, tile=tile)
+            out = ragged_decode_torch(q, k_pages, v_pages, table, lens[l], metas[l], splits[l], scale, tile=tile,
+                                      rows=rows)
         return out
 
     read = 0
@@ -135,13 +144,14 @@ def main(argv=None) -> None:
         steps = {"native": torch_native_decoder(batch, ctx, shape.num_kv_heads, shape.head_dim, args.gqa)}
         reads = {}
         for i, (method, entry) in enumerate(ents):
-            for name, tile in (("split", None), ("tile", args.tile)):
-                steps[(i, name)], reads[(i, name)] = tangram_decoder(entry, shape, hp, batch, ctx, args.gqa, 16, tile)
+            for name, tile in (("split", None), ("tile", args.tile), ("rows", args.tile)):
+                steps[(i, name)], reads[(i, name)] = tangram_decoder(entry, shape, hp, batch, ctx, args.gqa, 16, tile,
+                                                                     in_place=name == "rows")
         ms = time_interleaved(steps, q, shape.num_layers, args.reps)
         dense_slots = shape.num_layers * batch * ctx * shape.num_kv_heads
         for i, (method, entry) in enumerate(ents):
             res = {"config": cfg, "method": method, "ratio": entry.ratio, "torch_native_ms": ms["native"]}
-            for name in ("split", "tile"):
+            for name in ("split", "tile", "rows"):
                 res[f"tangram_{name}_ms"] = ms[(i, name)]
                 res[f"kv_read_{name}"] = reads[(i, name)] / dense_slots
             rows.append(res)
@@ -158,11 +168,13 @@ def main(argv=None) -> None:
 
 def _markdown(rows, meta) -> str:
     head = ("| B x N | profile | ratio | KV read (split) | torch_native ms | tangram split ms | speed-up "
-            f"| KV read (tile {meta['tile']}) | tangram tile ms | speed-up |\n" + "|---" * 10 + "|\n")
+            f"| KV read (tile {meta['tile']}) | tangram tile ms | speed-up | tile, rows in place ms | vs tile |\n"
+            + "|---" * 12 + "|\n")
     body = "".join(
         f"| {r['config']} | {r['method']} | {r['ratio']} | {r['kv_read_split']:.3f} | {r['torch_native_ms']:.1f} "
         f"| {r['tangram_split_ms']:.1f} | {r['torch_native_ms'] / r['tangram_split_ms']:.2f}x "
-        f"| {r['kv_read_tile']:.3f} | {r['tangram_tile_ms']:.1f} | {r['torch_native_ms'] / r['tangram_tile_ms']:.2f}x |\n"
+        f"| {r['kv_read_tile']:.3f} | {r['tangram_tile_ms']:.1f} | {r['torch_native_ms'] / r['tangram_tile_ms']:.2f}x "
+        f"| {r['tangram_rows_ms']:.1f} | {r['tangram_rows_ms'] / r['tangram_tile_ms']:.2f}x |\n"
         for r in rows)
     return ("# CPU decode attention, one step over all layers (float32, 1 thread)\n\n"
             f"`OMP_NUM_THREADS=1 {meta['command']}`\n\nKV read: slots x heads gathered (padding included) over "

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tangram_sglang.pool import PoolSpec, RaggedKVCache
-from tangram_sglang.serving.block_tables import DeviceBlockTables, opened_pages
+from tangram_sglang.serving.block_tables import DeviceBlockTables
 
 
 def _views_match(tables, cache, rids, rows):
@@ -51,11 +51,11 @@ def test_device_tables_follow_the_host_pool(page_size, seed):
         elif x < 0.9:
             rids = rng.sample(sorted(running), rng.randint(1, len(running)))
             rows = [running[r] for r in rids]
-            host = cache.decode(rids)
-            if host is None:
+            step = cache.decode_step(rids)
+            if step is None:
                 continue
-            opened, width = opened_pages([cache.requests[r].pages for r in rids])
-            rows_t, locs = tables.decode(rows, opened, width)
+            host, width = step.locs, step.width
+            rows_t, locs = tables.decode(rows, step.opened, width)
             assert rows_t.tolist() == rows
             assert np.array_equal(locs.numpy(), host.reshape(len(rids), -1))
             _views_match(tables, cache, rids, rows)

@@ -8,6 +8,7 @@
    and each of them is claimed (fill == P) so no newcomer writes into it.
 4. Reservations: per request reserved_left >= 0, taken + reserved_left == plan pages while
    inside the plan, sum of reserved_left == pool.reserved; npages == ceil(lens / P).
+5. Arena: every live request has its own slot of the cache's PageArena, none of them free.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def check_cache_integrity(cache) -> None:
     for seg in cache.store.segments.values():
         if np.unique(seg.page_ids).size != seg.page_ids.size:
             raise PoolError(f"segment {seg.seg_id}: a page appears twice")
+    slots = [req.pages.slot for req in cache.requests.values()]
+    if len(set(slots)) != len(slots) or set(slots) & set(cache.arena.free_slots):
+        raise PoolError("two live requests share an arena slot, or a live request's slot is free")
+    if any(req.pages.arena is not cache.arena for req in cache.requests.values()):
+        raise PoolError("a request's pages live outside the cache's arena")
     reserved = 0
     for rid, req in cache.requests.items():
         writable.append(_check_request(rid, req, P))

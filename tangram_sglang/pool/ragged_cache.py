@@ -9,6 +9,7 @@ Life of a request (all per-v work is vectorized over the V = L * G virtual layer
     for n in adm.plan.chunk_tokens:
         w = cache.prefill_chunk(rid, n)               # w.pages/offset or w.slot_locs [L, G, max_k]
     locs = cache.decode([rid, ...])                   # [B, L, G] one slot per v, or None -> retract
+                                                      # (decode_step: also the pages it opened)
     segs = cache.finish(rid)                          # new tree segments (pages move to the tree)
     cache.abort(rid) / cache.retract(rid)             # release without caching
     cache.evict(seg.seg_id)                           # tree eviction
@@ -34,7 +35,7 @@ import numpy as np
 
 from .block_table import build_layer_tables
 from .page_pool import PagePool
-from .request_pages import RequestPages, flat_slot_locs
+from .request_pages import PageArena, RequestPages, flat_slot_locs
 from .reservation import ReservationPlan, plan_reservation
 from .segments import Segment, SegmentStore, assemble, page_columns
 from .spec import PoolError, PoolSpec, RequestTooLargeError
@@ -67,6 +68,23 @@ class ChunkWrite:
         return flat_slot_locs(self.pages, self.offset, self.counts, self.page_size)
 
 
+def _div_mod(x: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x // p, x % p); shifts and masks when p is a power of two (integer division is slow)."""
+    if p & (p - 1) == 0:
+        return x >> (p.bit_length() - 1), x & (p - 1)
+    return x // p, x % p
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeStep:
+    """One decode step of a batch: locs int64 [B, L, G] slots to write; opened int64 [n, 3]
+    (batch index, v, page id) of the pages the step appended; width the batch's largest
+    page count after the step."""
+    locs: np.ndarray
+    opened: np.ndarray
+    width: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class PoolUsage:
     total: int
@@ -81,11 +99,27 @@ class _Request:
         self.pages = pages
         self.plan = plan
         self.prefix = prefix
-        self.reserved_left = plan.pages.copy()
-        self.taken = np.zeros_like(plan.pages)
+        self.reserved_left = plan.pages
         self.chunk_ends: list[np.ndarray] = []
         self.published_chunks = 0                     # chunks already handed to the tree
         self.published_end = plan.prefix_slots.copy()  # slot end of the published chain, [V]
+
+    # reserved_left, taken int64 [V]: views of the arena slot of the request's pages
+    @property
+    def reserved_left(self) -> np.ndarray:
+        return self.pages.arena.reserved_left[self.pages.slot]
+
+    @reserved_left.setter
+    def reserved_left(self, value) -> None:
+        self.pages.arena.reserved_left[self.pages.slot] = value
+
+    @property
+    def taken(self) -> np.ndarray:
+        return self.pages.arena.taken[self.pages.slot]
+
+    @taken.setter
+    def taken(self, value) -> None:
+        self.pages.arena.taken[self.pages.slot] = value
 
     @property
     def prefill_done(self) -> bool:
@@ -102,6 +136,7 @@ class RaggedKVCache:
         self.pool = PagePool(spec.num_pages, spec.page_size)
         self.store = SegmentStore(self.pool, spec.page_size)
         self.requests: dict[object, _Request] = {}
+        self.arena = PageArena(spec.num_virtual)
 
     @classmethod
     def from_profile(cls, profile, *, page_size: int, num_pages: int, ratio: float | None = None,
@@ -135,7 +170,7 @@ class RaggedKVCache:
         if not self.pool.reserve(plan.total_pages):
             return None
         copy = partial & ~in_place
-        pages = RequestPages(V, P, capacity=int(plan.prefill_slots.max(initial=0) // P + 2))
+        pages = RequestPages(V, P, capacity=int(plan.prefill_slots.max(initial=0) // P + 2), arena=self.arena)
         pages.set_prefix(table, np.where(copy, npages - 1, npages), lens)
         self.pool.incref(pages.held())
         self.pool.fill[last[in_place]] = P
@@ -178,24 +213,48 @@ class RaggedKVCache:
     def decode(self, rids) -> np.ndarray | None:
         """One new slot per v for each request: int64 [B, L, G] flat slot ids, or None (nothing
         changes) when the pages needed beyond the requests' reservations are not available."""
+        step = self.decode_step(rids)
+        return None if step is None else step.locs
+
+    def decode_pages_needed(self, rids) -> int:
+        """Pages the next decode step of rids needs beyond their reservations (live rids only)."""
+        slots = [self.requests[r].pages.slot for r in rids if r in self.requests]
+        lens, left = self.arena.lens[slots], self.arena.reserved_left[slots]
+        return int(((lens % self.spec.page_size == 0) & (left <= 0)).sum())
+
+    def decode_step(self, rids) -> DecodeStep | None:
+        """decode() for the whole batch in a few [B, V] array operations (no loop over requests
+        or virtual layers); also returns the pages it opened (for the device block tables)."""
         reqs = [self._req(r) for r in rids]
         for r, req in zip(rids, reqs):
             if not req.prefill_done:
                 raise PoolError(f"request {r!r}: decode before its prefill is complete")
-        P, V = self.spec.page_size, self.spec.num_virtual
-        needs = [(req.pages.lens % P == 0).astype(np.int64) for req in reqs]  # npages == ceil(lens / P)
-        unreserved = sum(int(np.maximum(n - req.reserved_left, 0).sum()) for n, req in zip(needs, reqs))
-        if unreserved > self.pool.available:
+        P, V, A = self.spec.page_size, self.spec.num_virtual, self.arena
+        slots = np.fromiter((req.pages.slot for req in reqs), dtype=np.int64, count=len(reqs))
+        lens = A.lens[slots]                                    # [B, V]
+        col, offset = _div_mod(lens, P)
+        need = offset == 0                                      # npages == ceil(lens / P): a new page
+        left = A.reserved_left[slots]
+        from_res = need & (left > 0)
+        n, n_res = int(need.sum()), int(from_res.sum())
+        if n - n_res > self.pool.available:
             return None
-        out = np.empty((len(reqs), V), dtype=np.int64)
-        all_v = np.arange(V)
-        for i, (need, req) in enumerate(zip(needs, reqs)):
-            if need.any():
-                self._take(req, need, unreserved_ok=True)
-            pages, lens = req.pages.pages, req.pages.lens
-            out[i] = pages[all_v, lens // P].astype(np.int64) * P + lens % P
-            req.pages.lens = lens + 1  # its page was appended above
-        return out.reshape(len(reqs), self.spec.num_layers, self.spec.num_groups)
+        b, v = np.nonzero(need)                                 # ordered by request, then v
+        new_col = col[b, v]
+        A.ensure_capacity(int(new_col.max(initial=-1)) + 1)
+        ids = self.pool.take(n, from_reserved=n_res)
+        sb = slots[b]
+        A.pages[sb, v, new_col] = ids
+        A.npages[sb, v] += 1                                    # (b, v) pairs are unique
+        A.taken[sb, v] += 1
+        A.reserved_left[slots] = left - from_res
+        cap = A.pages.shape[2]
+        flat = (slots[:, None] * V + np.arange(V)[None, :]) * cap + col
+        page = A.pages.reshape(-1).take(flat).astype(np.int64)
+        A.lens[slots] = lens + 1
+        locs = (page * P + offset).reshape(len(reqs), self.spec.num_layers, self.spec.num_groups)
+        opened = np.stack([b, v, ids.astype(np.int64)], axis=1)
+        return DecodeStep(locs=locs, opened=opened, width=max(1, int(A.npages[slots].max(initial=0))))
 
     # -- release ---------------------------------------------------------------------------------
     def publish(self, rid, *, include_tail: bool = False) -> list[Segment]:
@@ -246,6 +305,7 @@ class RaggedKVCache:
         self.pool.fill[req.pages.pages[rows, col[rows]]] = (data_end % P)[rows]
         self.pool.unreserve(int(req.reserved_left.sum()))
         self.pool.decref(req.pages.held())
+        self.arena.free_slot(req.pages.slot)
 
     def evict(self, seg_id: int) -> int:
         """Drop a tree segment; returns how many pages this freed (pages others hold stay)."""

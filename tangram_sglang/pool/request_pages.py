@@ -4,6 +4,12 @@
     npages  int64 [V]
     lens    int64 [V]            slots written (dense: slot s -> page pages[v, s // P], offset s % P)
 
+The arrays are slot ``slot`` of a PageArena ([S, V, capacity] / [S, V]), shared by
+every request of a RaggedKVCache so that a decode step updates a whole batch with a
+few array operations (RaggedKVCache.decode_step); a RequestPages made on its own
+gets a private one-slot arena. The attributes are views into the arena: read them
+fresh after an append (the arena may grow), and assign them (npages, lens) to write.
+
 Invariant kept by every caller: npages == ceil(lens / P) once a write is done
 (pages are appended just before the slots that need them).
 
@@ -49,25 +55,88 @@ def flat_slot_locs(pages: np.ndarray, offset: np.ndarray, counts: np.ndarray, pa
     return out.reshape(*lead, k)
 
 
+class PageArena:
+    """Per-request arrays of many requests, one slot each: pages int32 [S, V, capacity] (-1
+    padded), npages, lens, reserved_left, taken int64 [S, V]. Slots are reused; S and capacity
+    grow by doubling."""
+
+    FIELDS = ("npages", "lens", "reserved_left", "taken")
+
+    def __init__(self, num_virtual: int, slots: int = 4, capacity: int = 4):
+        self.num_virtual = num_virtual
+        self.pages = np.full((slots, num_virtual, max(1, capacity)), -1, dtype=np.int32)
+        for name in self.FIELDS:
+            setattr(self, name, np.zeros((slots, num_virtual), dtype=np.int64))
+        self.free_slots = list(range(slots - 1, -1, -1))
+
+    @property
+    def num_slots(self) -> int:
+        return self.pages.shape[0]
+
+    def new_slot(self, capacity: int) -> int:
+        """A cleared slot with room for capacity pages per v."""
+        if not self.free_slots:
+            self._grow(2 * self.num_slots, self.pages.shape[2])
+        self.ensure_capacity(capacity)
+        slot = self.free_slots.pop()
+        self.pages[slot] = -1
+        for name in self.FIELDS:
+            getattr(self, name)[slot] = 0
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        self.free_slots.append(int(slot))
+
+    def ensure_capacity(self, need: int) -> None:
+        cap = self.pages.shape[2]
+        if need > cap:
+            self._grow(self.num_slots, max(need, 2 * cap))
+
+    def _grow(self, slots: int, capacity: int) -> None:
+        old_s, _, old_cap = self.pages.shape
+        pages = np.full((slots, self.num_virtual, capacity), -1, dtype=np.int32)
+        pages[:old_s, :, :old_cap] = self.pages
+        self.pages = pages
+        for name in self.FIELDS:
+            grown = np.zeros((slots, self.num_virtual), dtype=np.int64)
+            grown[:old_s] = getattr(self, name)
+            setattr(self, name, grown)
+        self.free_slots = list(range(slots - 1, old_s - 1, -1)) + self.free_slots
+
+
 class RequestPages:
-    def __init__(self, num_virtual: int, page_size: int, capacity: int = 4):
+    def __init__(self, num_virtual: int, page_size: int, capacity: int = 4, arena: PageArena | None = None):
         self.page_size = page_size
-        self.pages = np.full((num_virtual, max(1, capacity)), -1, dtype=np.int32)
-        self.npages = np.zeros(num_virtual, dtype=np.int64)
-        self.lens = np.zeros(num_virtual, dtype=np.int64)
+        self.arena = arena if arena is not None else PageArena(num_virtual, slots=1, capacity=capacity)
+        self.slot = self.arena.new_slot(max(1, capacity))
+
+    # views of the arena's slot (fresh on every access: the arena may have grown)
+    @property
+    def pages(self) -> np.ndarray:
+        return self.arena.pages[self.slot]
+
+    @property
+    def npages(self) -> np.ndarray:
+        return self.arena.npages[self.slot]
+
+    @npages.setter
+    def npages(self, value) -> None:
+        self.arena.npages[self.slot] = value
+
+    @property
+    def lens(self) -> np.ndarray:
+        return self.arena.lens[self.slot]
+
+    @lens.setter
+    def lens(self, value) -> None:
+        self.arena.lens[self.slot] = value
 
     @property
     def num_virtual(self) -> int:
-        return self.npages.size
+        return self.arena.num_virtual
 
     def _grow(self, need: int) -> None:
-        cap = self.pages.shape[1]
-        if need <= cap:
-            return
-        new_cap = max(need, 2 * cap)
-        grown = np.full((self.num_virtual, new_cap), -1, dtype=np.int32)
-        grown[:, :cap] = self.pages
-        self.pages = grown
+        self.arena.ensure_capacity(need)
 
     def append(self, counts: np.ndarray, ids: np.ndarray) -> None:
         """Append ids (ordered by v) to the page lists: counts[v] of them to row v."""
@@ -75,21 +144,22 @@ class RequestPages:
         if counts.sum() != len(ids):
             raise PoolError(f"append: counts sum to {counts.sum()} but {len(ids)} page ids were given")
         self._grow(int((self.npages + counts).max(initial=0)))
+        pages, npages = self.pages, self.npages
         if counts.max(initial=0) <= 1:  # decode: at most one page per v
             rows = np.flatnonzero(counts)
-            self.pages[rows, self.npages[rows]] = ids
+            pages[rows, npages[rows]] = ids
         else:
             rows, pos = ragged_index(counts)
-            self.pages[rows, self.npages[rows] + pos] = ids
-        self.npages += counts
+            pages[rows, npages[rows] + pos] = ids
+        npages += counts
 
     def set_prefix(self, pages: np.ndarray, npages: np.ndarray, lens: np.ndarray) -> None:
         """Start from a prefix table (pages int [V, >=max(npages)], -1 padded)."""
         width = int(np.max(npages, initial=0))
         self._grow(width)
         self.pages[:, :width] = pages[:, :width]
-        self.npages = np.asarray(npages, dtype=np.int64).copy()
-        self.lens = np.asarray(lens, dtype=np.int64).copy()
+        self.npages = np.asarray(npages, dtype=np.int64)
+        self.lens = np.asarray(lens, dtype=np.int64)
 
     def pages_needed(self, new_lens: np.ndarray) -> np.ndarray:
         """Pages to append per v so slots up to new_lens fit. int64 [V]."""

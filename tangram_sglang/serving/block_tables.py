@@ -137,15 +137,3 @@ class DeviceBlockTables:
         if not np.array_equal(dev[held], host.pages[:, :width][held]):
             raise PoolError(f"device block table row {row}: page ids differ from the host pool")
 
-
-def opened_pages(host: list[RequestPages]) -> tuple[np.ndarray, int]:
-    """After a decode step appended one slot per v: the pages it opened, int64 [n, 3]
-    (batch index, v, page id), and the largest page count of the batch. O(B x V)."""
-    parts, width = [], 1
-    for i, pages in enumerate(host):
-        slot = pages.lens - 1                                            # the slot just appended
-        v = np.flatnonzero(slot % pages.page_size == 0)
-        if v.size:
-            parts.append(np.stack([np.full(v.size, i), v, pages.pages[v, slot[v] // pages.page_size]], axis=1))
-        width = max(width, int(pages.npages.max(initial=0)))
-    return (np.concatenate(parts).astype(np.int64) if parts else np.zeros((0, 3), np.int64)), width

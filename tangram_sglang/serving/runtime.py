@@ -29,7 +29,7 @@ from ..profile import ModelShape, TangramProfile, load_profile
 from ..protection import Protection, chunk_protection, min_keep
 from ..profile_scorer import profile_scorer
 from ..scorers import ScorerState
-from .block_tables import DeviceBlockTables, opened_pages
+from .block_tables import DeviceBlockTables
 
 DEFAULT_CHUNK = 512
 _CURRENT: "TangramServing | None" = None
@@ -260,15 +260,7 @@ class TangramServing:
     # -- decode capacity ------------------------------------------------------------------------
     def decode_shortfall(self, rids) -> int:
         """Pages the next decode step needs beyond reservations and free pages (0 = it fits)."""
-        need = 0
-        P = self.spec.page_size
-        for rid in rids:
-            req = self.cache.requests.get(rid)
-            if req is None:
-                continue
-            fresh = (req.pages.lens % P == 0).astype(np.int64)
-            need += int(np.maximum(fresh - req.reserved_left, 0).sum())
-        return max(0, need - self.cache.pool.available)
+        return max(0, self.cache.decode_pages_needed(rids) - self.cache.pool.available)
 
     def ensure_decode_room(self, rids) -> bool:
         """Evict tree leaves until the next decode step of rids fits; False if it cannot."""
@@ -368,10 +360,10 @@ class TangramServing:
         if stale:  # a row not loaded since its pages changed (never after an extend of the same request)
             self.tables.load([rows[i] for i in stale], [rids[i] for i in stale],
                              [self.cache.requests[rids[i]].pages for i in stale])
-        if self.cache.decode(rids) is None:
+        step = self.cache.decode_step(rids)
+        if step is None:
             raise RuntimeError("Tangram: decode step without pages (SGLang's capacity check should have retracted)")
-        opened, width = opened_pages([self.cache.requests[rid].pages for rid in rids])
-        rows_t, locs = self.tables.decode(rows, opened, width)        # on the device
+        rows_t, locs = self.tables.decode(rows, step.opened, step.width)   # on the device
         L, G = self.spec.num_layers, self.spec.num_groups
         per_layer = locs.view(len(rids), L, G).transpose(0, 1).reshape(L, -1)
         self._note_peak()
