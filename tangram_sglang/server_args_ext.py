@@ -23,6 +23,8 @@ logger = logging.getLogger("tangram_sglang")
 
 PROFILE_ATTR = "_tangram_profile"
 RATIO_ATTR = "_tangram_ratio"
+DATA_PLANE_ATTR = "_tangram_data_plane"
+DATA_PLANES = ("auto", "torch", "triton")
 
 
 def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> None:
@@ -32,6 +34,9 @@ def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> No
                        help="Tangram profile (YAML, format tangram-profile v1) for the served model.")
     group.add_argument("--tangram-ratio", type=float, default=None, metavar="RHO",
                        help="Which target ratio of the profile to serve (default: the profile's default_ratio).")
+    group.add_argument("--tangram-data-plane", choices=DATA_PLANES, default="auto",
+                       help="Attention kernels: auto (Triton on CUDA, the torch data plane elsewhere), "
+                            "torch (the reference), triton (on CPU only under TRITON_INTERPRET=1, for tests).")
 
 
 def serving_overrides(profile_path: str | None) -> dict:
@@ -56,14 +61,20 @@ def _apply_overrides(target: dict, overrides: dict) -> None:
         target[name] = value
 
 
-def attach_profile(server_args, profile_path: str | None, ratio: float | None) -> None:
+def attach_profile(server_args, profile_path: str | None, ratio: float | None,
+                   data_plane: str | None = "auto") -> None:
     """Validate the profile (and the model when its folder is local) and record it on server_args.
 
     Raises ProfileError naming the field and the problem.
     """
+    data_plane = data_plane or "auto"
+    if data_plane not in DATA_PLANES:
+        raise ProfileError("tangram_data_plane", f"{data_plane!r} is not one of {', '.join(DATA_PLANES)}")
     if profile_path is None:
         if ratio is not None:
             raise ProfileError("tangram_ratio", "given without --tangram-profile")
+        if data_plane != "auto":
+            raise ProfileError("tangram_data_plane", "given without --tangram-profile")
         return
     path = os.path.abspath(os.path.expanduser(profile_path))
     profile = load_profile(path)
@@ -75,6 +86,7 @@ def attach_profile(server_args, profile_path: str | None, ratio: float | None) -
     # Bookkeeping attributes (leading underscore) are allowed on the sealed record.
     setattr(server_args, PROFILE_ATTR, path)
     setattr(server_args, RATIO_ATTR, ratio)
+    setattr(server_args, DATA_PLANE_ATTR, data_plane)
 
 
 def from_cli_args(original, cls, args: argparse.Namespace):
@@ -82,7 +94,8 @@ def from_cli_args(original, cls, args: argparse.Namespace):
     try:
         _apply_overrides(vars(args), serving_overrides(getattr(args, "tangram_profile", None)))
         server_args = original(cls, args)
-        attach_profile(server_args, getattr(args, "tangram_profile", None), getattr(args, "tangram_ratio", None))
+        attach_profile(server_args, getattr(args, "tangram_profile", None), getattr(args, "tangram_ratio", None),
+                       getattr(args, "tangram_data_plane", "auto"))
     except ProfileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -95,13 +108,19 @@ def engine_server_args_factory(server_args_cls):
     def build(**kwargs):
         profile = kwargs.pop("tangram_profile", None)
         ratio = kwargs.pop("tangram_ratio", None)
+        data_plane = kwargs.pop("tangram_data_plane", "auto")
         _apply_overrides(kwargs, serving_overrides(profile))
         server_args = server_args_cls(**kwargs)
-        attach_profile(server_args, profile, ratio)
+        attach_profile(server_args, profile, ratio, data_plane)
         return server_args
 
     build.tangram_wrapped = server_args_cls
     return build
+
+
+def data_plane_request(server_args) -> str:
+    """--tangram-data-plane recorded on a ServerArgs (auto when none)."""
+    return getattr(server_args, DATA_PLANE_ATTR, None) or "auto"
 
 
 def profile_request(server_args) -> tuple[str | None, float | None]:

@@ -14,11 +14,12 @@ decode: appends one slot per virtual layer). Per layer:
   holds the chunk back until its extra pass has scored it
   (serving/reconstruction.py).
 * decode: the new token's K/V go to every group; attention runs per group over
-  its own length, cut by the profile's split map (tiles on CPU).
+  its own length, cut by the profile's split map (tiles on CPU), reading each
+  request's block table in place (DeviceBlockTables, through the batch's rows).
 
-The torch data plane from tangram_sglang.attention runs on every device for
-now; the Triton and CUDA decode kernels (same signature) are not selected here
-yet because they have not run on a GPU.
+Kernels (serving/data_plane.py, --tangram-data-plane): on CUDA the Triton
+split-map decode kernel and the Triton chunk prefill (no host sync); elsewhere
+the torch data plane of tangram_sglang.attention, their reference.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from ..attention import compress_and_write, ragged_decode_torch, ragged_prefill_chunk_torch, write_decode_kv
 from ..attention.reconstruction import reconstruction_attention
+from ..server_args_ext import data_plane_request
+from .data_plane import choose_data_plane
 from .reconstruction import ReconstructionPass, run_reconstruction
 from .runtime import current
 
@@ -68,6 +71,13 @@ class TangramAttnBackend(AttentionBackend):
         self.recon = ReconstructionPass()
         self.wrapped = False
         self.tile = CPU_TILE if str(self.device).startswith("cpu") else None
+        self.data_plane = choose_data_plane(data_plane_request(model_runner.server_args), self.device)
+        if self.data_plane == "triton":
+            from ..attention.triton_decode import ragged_decode_triton
+            from ..attention.triton_prefill import ragged_prefill_chunk_triton
+
+            self._decode_triton, self._prefill_triton = ragged_decode_triton, ragged_prefill_chunk_triton
+        self.serving.data_plane = self.data_plane
 
     def init_forward_metadata(self, forward_batch):
         mode = forward_batch.forward_mode
@@ -140,9 +150,12 @@ class TangramAttnBackend(AttentionBackend):
         if self.recon.active:
             o = self._forward_reconstruction(q3, k3, v3, layer)
             return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
-        o = ragged_prefill_chunk_torch(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
-                                       plan.seq_lens[lid], meta, layer.scaling,
-                                       fused=True)
+        if self.data_plane == "triton":
+            o = self._prefill_triton(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
+                                     plan.seq_lens[lid], meta, layer.scaling, split=self.serving.split_rows[lid])
+        else:
+            o = ragged_prefill_chunk_torch(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
+                                           plan.seq_lens[lid], meta, layer.scaling, fused=True)
         if save_kv_cache and self.serving.scorer.needs_reconstruction:
             self.recon.hold(lid, q3, k3, v3)  # compressed once the reconstruction pass has scored it
         elif save_kv_cache:
@@ -160,8 +173,10 @@ class TangramAttnBackend(AttentionBackend):
             write_decode_kv(k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
                             v.view(-1, layer.tp_v_head_num, layer.v_head_dim), plan.out_loc[lid], meta,
                             k_pages, v_pages)
-        o = ragged_decode_torch(q3, k_pages, v_pages, plan.block_table[lid], plan.seq_lens[lid], meta,
-                                self.serving.split_rows[lid], layer.scaling, tile=self.tile, rows=plan.rows)
+        decode = self._decode_triton if self.data_plane == "triton" else ragged_decode_torch
+        kw = {} if self.data_plane == "triton" else {"tile": self.tile}
+        o = decode(q3, k_pages, v_pages, plan.block_table[lid], plan.seq_lens[lid], meta,
+                   self.serving.split_rows[lid], layer.scaling, rows=plan.rows, **kw)
         return o.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def support_triton(self):

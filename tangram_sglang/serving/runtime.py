@@ -105,6 +105,7 @@ class TangramServing:
         self.stock_tokens = 0
         self.full_kv_token_bytes = 0
         self.decode_steps = 0
+        self.data_plane: str | None = None  # set by the attention backend: "torch" or "triton"
 
     @classmethod
     def load(cls, path: str, ratio: float | None) -> "TangramServing":
@@ -284,6 +285,7 @@ class TangramServing:
             "bytes_held": held_bytes, "tokens_held": tokens_held, "full_kv_bytes_for_tokens_held": full_bytes,
             "saved_vs_full_kv": (1.0 - held_bytes / full_bytes) if full_bytes else 0.0,
             "stock_kv_tokens_same_bytes": self.stock_tokens, "chunk_tokens": self.chunk,
+            "data_plane": self.data_plane,
             "running_requests": len(self.requests), **self.counters.__dict__,
         }
 

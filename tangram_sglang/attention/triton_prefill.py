@@ -1,0 +1,116 @@
+"""Triton chunk prefill attention over ragged groups, no host sync.
+
+Same contract as prefill_reference.ragged_prefill_chunk_torch (the chunk's
+queries attend to each group's cached slots and, causally, to the chunk's own
+keys; the two parts merged by log-sum-exp), in three device steps:
+
+1. cached part: every chunk token is one row of the split-map decode kernel
+   (triton_decode.py), reading its request's block table and lengths, cut by
+   the static split map; gives (o, lse) per token and query head.
+2. own part: ``_chunk_self_kernel``, grid (T, H): token t's gqa query heads of
+   KV head h attend to keys cu[b] .. t of its request (online softmax).
+3. merge.merge_two.
+
+Token -> request comes from cu_seqlens on the device (searchsorted), so nothing
+is read back to the host. Runs on CPU under TRITON_INTERPRET=1 (tests) and on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .layer_meta import LayerMeta
+from .merge import merge_two
+from .split_row import SplitRow
+from .triton_decode import _pow2, ragged_decode_triton
+
+
+@triton.jit
+def _chunk_self_kernel(Q, K, V, START, O, LSE, sm_scale, stride_qt, stride_qh, stride_kt, stride_kh,
+                       stride_vt, stride_vh, stride_ot, stride_oh, stride_lt, GQA: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    start = tl.load(START + t)
+    offs_q = tl.arange(0, BLOCK_Q)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    qmask = offs_q < GQA
+    dmask = offs_d < D
+    qh = h * GQA + offs_q
+    q = tl.load(Q + t * stride_qt + qh[:, None] * stride_qh + offs_d[None, :],
+                mask=qmask[:, None] & dmask[None, :], other=0.0)
+    m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    for s0 in range(start, t + 1, BLOCK_N):
+        tok = s0 + offs_n
+        nmask = tok <= t
+        kvmask = nmask[:, None] & dmask[None, :]
+        k = tl.load(K + tok[:, None] * stride_kt + h * stride_kh + offs_d[None, :], mask=kvmask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp(m_i - m_new)
+        prob = tl.exp(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(prob, 1)
+        v = tl.load(V + tok[:, None] * stride_vt + h * stride_vh + offs_d[None, :], mask=kvmask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    o = acc / l_i[:, None]  # a token always sees itself: l_i > 0
+    tl.store(O + t * stride_ot + qh[:, None] * stride_oh + offs_d[None, :], o, mask=qmask[:, None] & dmask[None, :])
+    tl.store(LSE + t * stride_lt + qh, m_i + tl.log(l_i), mask=qmask)
+
+
+def chunk_self_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor,
+                                sm_scale: float, *, block_n: int = 32):
+    """Causal attention of each token to its own request's chunk keys start[t] .. t.
+
+    q [T, Hq, d]; k, v [T, H, d] (any strides but a unit one on d: SGLang's v is often a
+    view of the fused qkv projection, k a fresh tensor); start int64 [T]. Returns
+    (o float32 [T, Hq, d], lse float32 [T, Hq]).
+    """
+    t, hq, d = q.shape
+    h = k.shape[1]
+    gqa = hq // h
+    o = torch.empty(t, hq, d, dtype=torch.float32, device=q.device)
+    lse = torch.empty(t, hq, dtype=torch.float32, device=q.device)
+    if t == 0:
+        return o, lse
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _chunk_self_kernel[(t, h)](q, k, v, start, o, lse, sm_scale, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+                               v.stride(0), v.stride(1), o.stride(0), o.stride(1), lse.stride(0), GQA=gqa, D=d, BLOCK_Q=_pow2(gqa), BLOCK_N=block_n,
+                               BLOCK_D=_pow2(d), PRECISION=precision)
+    return o, lse
+
+
+def token_requests(cu_seqlens: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(request of each token int64 [T], first token of that request int64 [T]), on the device."""
+    cu = cu_seqlens.to(torch.int64)
+    tok = torch.arange(num_tokens, device=cu.device)
+    req = torch.searchsorted(cu[1:], tok, right=True)
+    return req, cu.index_select(0, req)
+
+
+def ragged_prefill_chunk_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                cu_seqlens: torch.Tensor, k_pages: torch.Tensor,
+                                v_pages: torch.Tensor, block_table: torch.Tensor,
+                                seq_lens: torch.Tensor, meta: LayerMeta, sm_scale: float,
+                                *, split: SplitRow, block_n: int = 32) -> torch.Tensor:
+    """Chunk prefill attention of one layer (arguments as ragged_prefill_chunk_torch).
+
+    split: the layer's SplitRow, which cuts the cached part like decode. block_table
+    [B, G, max_pages] and seq_lens [B, G] need a unit last stride. Returns o [T, Hq, d]
+    in q's dtype.
+    """
+    num_tokens = q.shape[0]
+    if num_tokens == 0:
+        return torch.empty_like(q)
+    req, start = token_requests(cu_seqlens, num_tokens)
+    o_old, lse_old = ragged_decode_triton(q, k_pages, v_pages, block_table, seq_lens.index_select(0, req), meta,
+                                          split, sm_scale, block_n=block_n, return_lse=True, rows=req)
+    o_self, lse_self = chunk_self_attention_triton(q, k, v, start, sm_scale, block_n=block_n)
+    o, _ = merge_two(o_old.float(), lse_old, o_self, lse_self)
+    return o.to(q.dtype)
