@@ -78,7 +78,14 @@ def _mask(kept, n_max_b, b):
 @pytest.mark.parametrize("h,gqa,hp", [(4, 1, 1), (4, 3, 2), (5, 2, 4), (3, 3, 2)])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("lens1,lens2", [([17, 5], [9, 1]), ([54], [17]), ([1, 1, 3], [1, 2, 1])])
-def test_data_plane_flow_matches_dense(h, gqa, hp, page_size, lens1, lens2):
+@pytest.mark.parametrize("host_plan", [False, True], ids=["device-sizes", "chunk-plan"])
+def test_data_plane_flow_matches_dense(h, gqa, hp, page_size, lens1, lens2, host_plan):
+    """host_plan: sizes from the host's ChunkPlan (the served path, no device sync)."""
+    from tangram_sglang.attention.compression import ChunkPlan
+
+    def plan(lens, keep):
+        return ChunkPlan.build(lens, keep.numpy(), "cpu") if host_plan else None
+
     d, hq, batch = 16, h * gqa, len(lens1)
     rng = np.random.default_rng(h * 10 + hp)
     groups = random_groups(h, hp, rng)
@@ -92,7 +99,8 @@ def test_data_plane_flow_matches_dense(h, gqa, hp, page_size, lens1, lens2):
     q1, k1, v1, cu1 = _chunk(lens1, hq, h, d, gen)
     keep1 = group_keep_counts(meta, lens1)
     loc1 = slot_locs(plane.table, plane.seq_lens, keep1, page_size)
-    kept1 = compress_and_write(q1, k1, v1, cu1, scorer, None, meta, keep1, loc1, plane.k_pages, plane.v_pages)
+    kept1 = compress_and_write(q1, k1, v1, cu1, scorer, None, meta, keep1, loc1, plane.k_pages, plane.v_pages,
+                               chunk_plan=plan(lens1, keep1))
     # realized per-head counts equal the declared group counts
     want_counts = keep_count(beta[None, :], np.asarray(lens1)[:, None])[:, meta.group_of_head.numpy()]
     assert ((kept1 < max(lens1)).sum(-1).numpy() == want_counts).all()
@@ -103,7 +111,8 @@ def test_data_plane_flow_matches_dense(h, gqa, hp, page_size, lens1, lens2):
                                       plane.seq_lens, meta, scale, tile=8)
     keep2 = group_keep_counts(meta, lens2)
     loc2 = slot_locs(plane.table, plane.seq_lens, keep2, page_size)
-    kept2 = compress_and_write(q2, k2, v2, cu2, scorer, None, meta, keep2, loc2, plane.k_pages, plane.v_pages)
+    kept2 = compress_and_write(q2, k2, v2, cu2, scorer, None, meta, keep2, loc2, plane.k_pages, plane.v_pages,
+                               chunk_plan=plan(lens2, keep2))
     plane.seq_lens += keep2.to(torch.int32)
 
     q3, k3, v3 = torch.randn(batch, hq, d), torch.randn(batch, h, d), torch.randn(batch, h, d)

@@ -53,21 +53,24 @@ def write_decode_kv(k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, met
 
 def write_kept_kv(k: torch.Tensor, v: torch.Tensor, token: torch.Tensor, keep: torch.Tensor,
                   out_loc: torch.Tensor, meta: LayerMeta, k_pages: torch.Tensor,
-                  v_pages: torch.Tensor) -> None:
+                  v_pages: torch.Tensor, take: torch.Tensor | None = None) -> None:
     """Write the kept tokens of a prefill chunk into their reserved slots.
 
     k, v: [T, H, d] the chunk's K/V (packed batch); token: int64 [B, H, kmax], row of
     k/v that head h of request b keeps as its j-th slot (j < keep of its group);
     keep: int [B, G]; out_loc: int64 [sum(keep)] from slot_locs, (b, g, j) order.
+    take: int64 [sum(keep)] flat positions (b, g, j) of [B, G, kmax] with j < keep[b, g]
+    (compression.ChunkPlan), when the host knows them: no boolean mask (a device sync).
     """
     hp, d = k_pages.shape[2], k_pages.shape[3]
     kmax = token.shape[-1]
     src = token[:, meta.kv_head]  # [B, G, H_p, kmax]
     head = meta.kv_head[None, :, :, None].expand_as(src)
     j = torch.arange(kmax, device=token.device)
-    take = j[None, None, :] < keep[:, :, None].to(torch.int64)  # [B, G, kmax]
+    mask = None if take is not None else j[None, None, :] < keep[:, :, None].to(torch.int64)  # [B, G, kmax]
     for src_t, pages in ((k, k_pages), (v, v_pages)):
         vals = src_t[src, head]  # [B, G, H_p, kmax, d]
         vals = vals.masked_fill(~meta.head_valid[None, :, :, None, None], 0)
-        vals = vals.permute(0, 1, 3, 2, 4)[take]  # [sum(keep), H_p, d]
+        vals = vals.permute(0, 1, 3, 2, 4)  # [B, G, kmax, H_p, d]
+        vals = vals[mask] if take is None else vals.reshape(-1, hp, d).index_select(0, take)  # [sum(keep), H_p, d]
         pages.view(-1, hp, d)[out_loc] = vals.to(pages.dtype)

@@ -126,7 +126,7 @@ class TangramAttnBackend(AttentionBackend):
         for lid, (q3, k3, v3) in sorted(self.recon.held.items()):
             compress_and_write(q3, k3, v3, self.cu_seqlens, scorer, plan.states[lid], self.serving.metas[lid],
                                plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect,
-                               scores=self.recon.scores[lid])
+                               scores=self.recon.scores[lid], chunk_plan=plan.chunks[lid])
         self.recon.reset()
 
     def _forward_reconstruction(self, q3, k3, v3, layer):
@@ -161,7 +161,7 @@ class TangramAttnBackend(AttentionBackend):
         elif save_kv_cache:
             compress_and_write(q3, k3, v3, self.cu_seqlens, self.serving.scorer.for_layer(lid), plan.states[lid],
                                meta, plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect,
-                               hidden=self.hidden.pop(lid, None))
+                               hidden=self.hidden.pop(lid, None), chunk_plan=plan.chunks[lid])
         return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

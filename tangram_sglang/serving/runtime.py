@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..attention import build_layer_metas, make_split_rows
+from ..attention.compression import ChunkPlan
 from ..pool import RaggedKVCache
 from ..pool.page_data import KVPageData
 from ..pool.spec import PoolSpec, RequestTooLargeError
@@ -342,9 +343,10 @@ class TangramServing:
         width = max(int(p.npages.max(initial=0)) for p in host)
         table, lens = self.tables.view(rows, max(width, 1), torch.from_numpy(before).to(dev))
         self._note_peak()
+        chunks = [ChunkPlan.build(ext_lens, keep[:, layer], dev) for layer in range(self.spec.num_layers)]
         return ForwardPlan(block_table=table, seq_lens=lens, out_loc=out, keep=torch.from_numpy(keep).to(dev),
                            protect=protect, states=[[self.requests[r].scorer_states[l] for r in rids]
-                                                    for l in range(self.spec.num_layers)])
+                                                    for l in range(self.spec.num_layers)], chunks=chunks)
 
     def _rows(self, rids) -> list[int]:
         rows = [self.requests[rid].row for rid in rids]
@@ -383,7 +385,8 @@ class ForwardPlan:
     block_table[l] int32 [B, G, W] (extend) or, with rows int64 [B] (decode), [R, G, W] of every
     request row, entry b reading row rows[b]; seq_lens[l] int32 [B, G],
     out_loc[l] int64 flat slots to write, keep int64 [B, L, G] (extend only), states[l] scorer states,
-    protect [(lead, trail)] * B protected runs of each request's chunk (extend only)."""
+    protect [(lead, trail)] * B protected runs of each request's chunk (extend only), chunks[l] the
+    layer's ChunkPlan (extend only: host-known sizes, so compression needs no device sync)."""
 
     block_table: torch.Tensor   # [L, B, G, W], or [L, R, G, W] with rows
     seq_lens: torch.Tensor      # [L, B, G]
@@ -392,3 +395,4 @@ class ForwardPlan:
     keep: torch.Tensor | None = None
     states: list | None = None
     protect: list | None = None
+    chunks: list | None = None
