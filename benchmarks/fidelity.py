@@ -48,7 +48,7 @@ ORACLE = ("static", "dynamic", "uniform")
 KVPRESS = ("kvpress-snapkv", "kvpress-adakv-snapkv", "kvpress-kvzip")
 CHUNK = 512
 # package files that cannot change an answer (offline tools, process helpers): not part of the version
-NOT_SERVED = ("/calibration/", "/cpu_compat/", "calibrate.py", "reference_import.py", "uniform_profile.py",
+NOT_SERVED = ("/calibration/", "/cpu_compat/", "calibrate.py", "reference_import.py", "uniform_profile.py", "compatibility.py",
               "server_process.py")
 
 

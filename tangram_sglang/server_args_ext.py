@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 
+from .compatibility import check_server_args
 from .profile import ModelShape, ProfileError, load_profile
 from .profile_scorer import check_scorer_weights
 
@@ -83,6 +84,7 @@ def attach_profile(server_args, profile_path: str | None, ratio: float | None,
     model_path = getattr(server_args, "model_path", None)
     if model_path and os.path.isfile(os.path.join(model_path, "config.json")):
         profile.check_model(ModelShape.from_model_path(model_path))
+    check_server_args(server_args)
     # Bookkeeping attributes (leading underscore) are allowed on the sealed record.
     setattr(server_args, PROFILE_ATTR, path)
     setattr(server_args, RATIO_ATTR, ratio)

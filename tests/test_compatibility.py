@@ -1,0 +1,53 @@
+"""SGLang options a profile cannot be served with are refused at launch with one line naming the option."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import sglang.srt.entrypoints.engine  # noqa: F401 - before load_plugins: the plugin patches Engine
+from sglang.srt.plugins import load_plugins
+from sglang.srt.server_args import prepare_server_args
+
+from tangram_sglang.compatibility import UnsupportedOption, check_server_args, fused_set_kv_architectures
+from tangram_sglang.uniform_profile import main as write_uniform
+
+load_plugins()
+
+
+@pytest.fixture
+def profile(tiny_llama, tmp_path):
+    path = tmp_path / "u.yaml"
+    write_uniform(["--model-path", tiny_llama[0], "--ratio", "1.0", "-o", str(path)])
+    return str(path)
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--tp-size", "2"], "--tp-size 2: not supported with --tangram-profile (tensor parallelism"),
+    (["--dp-size", "2"], "--dp-size 2"),
+    (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM"),
+    (["--enable-hierarchical-cache"], "--enable-hierarchical-cache: not supported"),
+    (["--disaggregation-mode", "prefill"], "--disaggregation-mode prefill"),
+    (["--enable-streaming-session"], "--enable-streaming-session"),
+    (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
+    (["--enable-torch-compile"], "--enable-torch-compile"),
+])
+def test_unsupported_option_stops_the_launch(tiny_llama, profile, capsys, extra, named):
+    with pytest.raises(SystemExit) as info:
+        prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile, *extra])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0]
+
+
+def test_same_options_without_a_profile_are_sglangs_business(tiny_llama):
+    args = prepare_server_args(["--model-path", tiny_llama[0], "--kv-cache-dtype", "fp8_e4m3"])
+    assert args.kv_cache_dtype == "fp8_e4m3"
+
+
+def test_models_writing_their_own_kv_are_refused_on_a_gpu(tmp_path):
+    arch = "Qwen3MoeForCausalLM"
+    assert arch in fused_set_kv_architectures() and "LlamaForCausalLM" not in fused_set_kv_architectures()
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    with pytest.raises(UnsupportedOption, match=f"model {arch} on cuda.*fused set-KV"):
+        check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cuda"))
+    check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cpu"))  # torch path: K/V reach the backend
