@@ -262,3 +262,29 @@ def test_decode_estimate_larger_than_the_pool_is_capped_not_fatal():
                       decode_tokens=1)
     serving.check_integrity()
     assert serving.cache.pool.num_free == serving.spec.num_pages and not serving.requests
+
+
+def test_eviction_takes_the_least_recently_used_leaf_first():
+    """The lazy heap evicts by SGLang's strategy (LRU): a session matched again outlives older ones."""
+    d = Driver(6)
+    d.sessions = [[] for _ in range(3)]
+    finished = []
+    for s in range(3):
+        d.rng = random.Random(10 + s)
+        d.sessions = [[s + 1] * 30 if i == 0 else [] for i in range(1)]
+        d.new_request()
+        (req,) = d.running.values()
+        while not d.serving.cache.requests[req.rid].prefill_done or req.kv_len < len(req.prompt) + 2:
+            d.step(req)
+        d.release(req, checkpoint=True)
+        finished.append(req.full_untruncated_fill_ids[: req.kv_len])
+    # touch the oldest session again: it becomes the most recently used
+    d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=finished[0] + [7], extra_key=None)))
+    before = d.serving.counters.evicted_segments
+    d.tree.evict(EvictParams(num_tokens=1))
+    assert d.serving.counters.evicted_segments == before + 1
+    hits = [d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=h + [7], extra_key=None))).device_prefix_len
+            for h in finished]
+    assert hits[0] == len(finished[0]) and hits[2] == len(finished[2])  # the second one lost its tail
+    assert hits[1] < len(finished[1])
+    d.check()

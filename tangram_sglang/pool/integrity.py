@@ -9,6 +9,7 @@
 4. Reservations: per request reserved_left >= 0, taken + reserved_left == plan pages while
    inside the plan, sum of reserved_left == pool.reserved; npages == ceil(lens / P).
 5. Arena: every live request has its own slot of the cache's PageArena, none of them free.
+6. Counters: the segment store's per-page references and pages held match its segments.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def check_cache_integrity(cache) -> None:
         writable.append(_check_request(rid, req, P))
         refs.append(req.pages.held().astype(np.int64))
         reserved += int(req.reserved_left.sum())
+    tree_refs = np.bincount(refs[0], minlength=pool.num_pages)
+    if not np.array_equal(tree_refs, cache.store.refs) or cache.store.pages_held != int((tree_refs > 0).sum()):
+        raise PoolError("the segment store's page counters disagree with its segments")
     expected = np.bincount(np.concatenate(refs), minlength=pool.num_pages)
     if not np.array_equal(expected, pool.refcount):
         bad = np.flatnonzero(expected != pool.refcount)[:5]

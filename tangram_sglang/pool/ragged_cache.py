@@ -137,6 +137,7 @@ class RaggedKVCache:
         self.store = SegmentStore(self.pool, spec.page_size)
         self.requests: dict[object, _Request] = {}
         self.arena = PageArena(spec.num_virtual)
+        self.last_shortfall = 0  # pages the last refused admit lacked (evict that many, in one pass)
 
     @classmethod
     def from_profile(cls, profile, *, page_size: int, num_pages: int, ratio: float | None = None,
@@ -168,6 +169,7 @@ class RaggedKVCache:
                 f"request {rid!r} needs {plan.total_pages} pages ({len(plan.chunk_tokens)} chunks, "
                 f"{decode_tokens} decode tokens) but the whole pool has {self.spec.num_pages}: it can never fit")
         if not self.pool.reserve(plan.total_pages):
+            self.last_shortfall = plan.total_pages - self.pool.available
             return None
         copy = partial & ~in_place
         pages = RequestPages(V, P, capacity=int(plan.prefill_slots.max(initial=0) // P + 2), arena=self.arena)
@@ -322,11 +324,11 @@ class RaggedKVCache:
         return self._req(rid).taken.copy()
 
     def usage(self) -> PoolUsage:
-        tree = np.zeros(self.spec.num_pages, dtype=bool)
-        tree[self.store.held()] = True
-        held = self.pool.refcount > 0
+        """Page counts from running counters: O(1) (the log line and /server_info read it)."""
+        used = self.spec.num_pages - self.pool.num_free
+        tree = self.store.pages_held
         return PoolUsage(total=self.spec.num_pages, free=self.pool.num_free, reserved=self.pool.reserved,
-                         held_by_requests_only=int((held & ~tree).sum()), held_by_tree=int(tree.sum()))
+                         held_by_requests_only=used - tree, held_by_tree=tree)
 
     def check_integrity(self) -> None:
         from .integrity import check_cache_integrity

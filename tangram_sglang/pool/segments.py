@@ -70,13 +70,19 @@ def assemble(chain: list[Segment], num_virtual: int, page_size: int) -> tuple[np
 
 
 class SegmentStore:
-    """The segments alive in the tree, by id; each holds references on its pages."""
+    """The segments alive in the tree, by id; each holds references on its pages.
+
+    refs int32 [num_pages] counts the segments holding each page and pages_held the pages
+    with refs > 0, kept up to date by add/evict (O(pages of the segment)) so usage figures
+    are O(1); check_integrity recomputes both."""
 
     def __init__(self, pool: PagePool, page_size: int):
         self.pool = pool
         self.page_size = page_size
         self.segments: dict[int, Segment] = {}
         self._ids = itertools.count()
+        self.refs = np.zeros(pool.num_pages, dtype=np.int32)
+        self.pages_held = 0
 
     def add(self, *, num_tokens: int, compressed: bool, start: np.ndarray, end: np.ndarray,
             page_counts: np.ndarray, page_ids: np.ndarray) -> Segment:
@@ -87,6 +93,8 @@ class SegmentStore:
                       page_ids=np.asarray(page_ids, np.int32).copy())
         self.pool.incref(seg.page_ids)
         self.segments[seg.seg_id] = seg
+        self.refs[seg.page_ids] += 1  # ids are unique within a segment
+        self.pages_held += int((self.refs[seg.page_ids] == 1).sum())
         return seg
 
     def get(self, seg_id: int) -> Segment:
@@ -98,6 +106,8 @@ class SegmentStore:
         """Drop the segment; returns the number of pages this freed (held by nothing else)."""
         seg = self.get(seg_id)
         del self.segments[seg_id]
+        self.refs[seg.page_ids] -= 1
+        self.pages_held -= int((self.refs[seg.page_ids] == 0).sum())
         return self.pool.decref(seg.page_ids)
 
     def split(self, seg_id: int, num_tokens: int) -> tuple[Segment, Segment]:

@@ -22,6 +22,8 @@ and becomes root's second child starting with sys's first token. B's turn 2,
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
 
 import numpy as np
@@ -68,6 +70,8 @@ class TangramRadixCache(RadixCache):
             for node in self._nodes():
                 self.serving.cache.evict(node.seg.seg_id)
         super().reset()
+        self._heap: list = []  # (priority, id, seq, node) of evictable leaves; stale entries skipped
+        self._seq = itertools.count()
         root = SegNode(tokens=np.zeros(0, np.int64), value=[], seg=None)
         root.lock_ref = 1
         self.root_node = root
@@ -229,10 +233,21 @@ class TangramRadixCache(RadixCache):
         return EvictResult(num_tokens_evicted=evicted)
 
     def _evict_one(self) -> int:
-        if not self.evictable_leaves:
-            return 0
-        node = min(self.evictable_leaves, key=lambda n: (self.eviction_strategy.get_priority(n), n.id))
-        return self._evict_leaf(node)
+        """Evict the lowest-priority evictable leaf (SGLang's eviction strategy, LRU by default).
+
+        A lazy heap: entries of nodes no longer evictable are dropped, and an entry whose
+        node's priority changed since (a new access) is pushed again with the new one, so
+        each eviction costs O(log leaves), not a scan of every leaf."""
+        while self._heap:
+            prio, nid, _, node = heapq.heappop(self._heap)
+            if node not in self.evictable_leaves:
+                continue
+            now = self.eviction_strategy.get_priority(node)
+            if now != prio:
+                heapq.heappush(self._heap, (now, nid, next(self._seq), node))
+                continue
+            return self._evict_leaf(node)
+        return 0
 
     def evict_pages(self, pages: int) -> bool:
         """Evict LRU leaves until the pool has ``pages`` more available pages; False if none left."""
@@ -252,8 +267,9 @@ class TangramRadixCache(RadixCache):
     def _update_leaf_status(self, node):
         if node is self.root_node or node.lock_ref > 0 or node.children:
             self.evictable_leaves.discard(node)
-        else:
+        elif node not in self.evictable_leaves:
             self.evictable_leaves.add(node)
+            heapq.heappush(self._heap, (self.eviction_strategy.get_priority(node), node.id, next(self._seq), node))
 
     # -- views -----------------------------------------------------------------------------------
     def total_tokens(self) -> int:

@@ -166,6 +166,8 @@ class TangramServing:
     def _reserve(self, rid: str, sched: list[int], decode_tokens: int, prefix_chain, protect):
         """cache.admit, evicting unlocked tree leaves until it fits; None if it cannot now.
 
+        Evicts the pages the refused plan lacked in one pass (not a page per retry).
+
         Decode room is SGLang's estimate, not a need: if it alone makes the request larger than
         the whole pool, reserve one decode token and let decode grow (or retract) on demand.
         Raises RequestTooLargeError only when the prefill itself can never fit.
@@ -181,7 +183,7 @@ class TangramServing:
                 continue
             if adm is not None:
                 return adm
-            if self.tree is None or not self.tree.evict_pages(1):
+            if self.tree is None or not self.tree.evict_pages(max(1, self.cache.last_shortfall)):
                 return None
 
     def admit(self, rid: str, *, prefix_chain, prefix_tokens: int, node, first: int, total: int,
