@@ -108,3 +108,29 @@ def test_triton_data_plane_serves_the_torch_tokens(tiny_llama, tmp_path, monkeyp
     pool = info["pool_info"]
     assert pool["data_plane"] == "triton" and pool["integrity"] == "ok" and pool["saved_vs_full_kv"] > 0
     assert got == want
+
+
+def test_max_new_tokens_capped_to_what_the_pool_can_hold(tiny_llama, tmp_path):
+    """Like stock SGLang, a request asking for more tokens than the pool could ever hold is capped at
+    arrival (in pages) and completes, instead of failing mid-decode; a prompt that can never fit is
+    refused up front. The server keeps serving and the pool stays intact."""
+    path, _, _ = tiny_llama
+    profile = tmp_path / "u.yaml"
+    write_uniform(["--model-path", path, "--ratio", "1.0", "-o", str(profile)])
+    engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=200,
+                           log_level="error", tangram_profile=str(profile))
+    try:
+        prompt = list(range(5, 105))
+        long = engine.generate(input_ids=[prompt], sampling_params={"temperature": 0, "max_new_tokens": 400,
+                                                                     "ignore_eos": True})[0]
+        with pytest.raises(ValueError, match="exceeds the KV memory budget"):  # stock's refusal (HTTP 400)
+            engine.generate(input_ids=[list(range(5, 305))], sampling_params={"temperature": 0, "max_new_tokens": 4})
+        after = engine.generate(input_ids=[prompt], sampling_params=SAMPLING)[0]
+        info = engine.get_server_info()["internal_states"][0]["tangram"]["pool_info"]
+    finally:
+        engine.shutdown()
+        atexit.unregister(engine.shutdown)
+    n = len(long["output_ids"])
+    assert 10 < n < 200 and long["meta_info"]["finish_reason"]["type"] == "length"
+    assert len(after["output_ids"]) == 16
+    assert info["integrity"] == "ok" and info["capped"] >= 1

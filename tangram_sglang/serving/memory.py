@@ -48,6 +48,13 @@ class TangramAllocator(TokenToKVPoolAllocator):
         rids = [r.rid for r in (requests or ())]
         return self.serving.ensure_decode_room(rids)
 
+    def max_new_tokens_for_memory(self, input_tokens: int, max_new_tokens: int, *, token_capacity: int,
+                                  sliding_window_size=None, chunk_size=None) -> int | None:
+        """SGLang's arrival cap (Scheduler.init_req_max_new_tokens), in pages: the most tokens the
+        request could ever generate with the whole ragged pool to itself (its prompt compressed),
+        so decode never needs more than the pool; None when the prompt itself can never fit."""
+        return self.serving.max_decode_tokens(int(input_tokens), int(max_new_tokens))
+
 
 def derive_pool_sizes(original, configurator, *args, **kwargs):
     sizes = original(configurator, *args, **kwargs)

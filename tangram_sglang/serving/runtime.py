@@ -16,6 +16,7 @@ Requests are keyed by SGLang's ``Req.rid``. Life of one request:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +34,7 @@ from ..scorers import ScorerState
 from .block_tables import DeviceBlockTables
 
 DEFAULT_CHUNK = 512
+logger = logging.getLogger("tangram_sglang")
 _CURRENT: "TangramServing | None" = None
 
 
@@ -82,6 +84,7 @@ class PoolCounters:
     admitted: int = 0
     waited: int = 0
     too_large: int = 0
+    capped: int = 0
     retracted: int = 0
     evicted_segments: int = 0
     peak_running: int = 0
@@ -147,21 +150,43 @@ class TangramServing:
         return self.cache.spec
 
     # -- admission ------------------------------------------------------------------------------
-    def never_fits(self, prompt_tokens: int) -> str | None:
-        """Why a prompt can never be served by this pool (None if it can): no prefix, one decode token."""
+    def _pages_alone(self, prompt_tokens: int, decode_tokens: int) -> int:
+        """Pages a request needs with the pool to itself: no prefix, its prompt compressed."""
         from ..pool.reservation import plan_reservation
 
         V = self.spec.num_virtual
         sched = chunk_schedule(min(prompt_tokens, self.chunk), prompt_tokens, self.chunk)
         floor = min_keep(chunk_protection(self.protection, 0, sched, prompt_tokens))
-        plan = plan_reservation(self.cache.beta, sched, page_size=self.spec.page_size, decode_tokens=1,
+        plan = plan_reservation(self.cache.beta, sched, page_size=self.spec.page_size, decode_tokens=decode_tokens,
                                 prefix_slots=np.zeros(V, np.int64), extend_in_place=np.zeros(V, bool),
                                 min_keep=floor)
-        if plan.total_pages > self.spec.num_pages:
-            return (f"Tangram: the prompt of {prompt_tokens} tokens needs {plan.total_pages} pages of the "
+        return plan.total_pages
+
+    def never_fits(self, prompt_tokens: int) -> str | None:
+        """Why a prompt can never be served by this pool (None if it can): no prefix, one decode token."""
+        need = self._pages_alone(prompt_tokens, 1)
+        if need > self.spec.num_pages:
+            return (f"Tangram: the prompt of {prompt_tokens} tokens needs {need} pages of the "
                     f"ragged KV pool after compression, but the whole pool has {self.spec.num_pages}; "
                     "it can never be served (shorten it or serve with a larger pool)")
         return None
+
+    def max_decode_tokens(self, prompt_tokens: int, wanted: int) -> int | None:
+        """The largest d <= wanted the pool can hold for this prompt plus d generated tokens with
+        nothing else in it (binary search over exact plans); None if the prompt never fits.
+        Counted in counters.capped when it is below wanted."""
+        if prompt_tokens <= 0 or self._pages_alone(prompt_tokens, 1) > self.spec.num_pages:
+            return None if prompt_tokens > 0 else max(0, wanted)
+        lo, hi = 1, max(1, wanted)
+        if self._pages_alone(prompt_tokens, hi) <= self.spec.num_pages:
+            return max(0, wanted)
+        while lo < hi - 1:  # invariant: lo fits, hi does not
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self._pages_alone(prompt_tokens, mid) <= self.spec.num_pages else (lo, mid)
+        self.counters.capped += 1
+        logger.warning("Tangram: max_new_tokens capped from %d to %d: the ragged pool (%d pages) can hold no more "
+                       "for a %d-token prompt", wanted, lo, self.spec.num_pages, prompt_tokens)
+        return lo
 
     def _reserve(self, rid: str, sched: list[int], decode_tokens: int, prefix_chain, protect):
         """cache.admit, evicting unlocked tree leaves until it fits; None if it cannot now.
