@@ -52,7 +52,8 @@ class TangramAllocator(TokenToKVPoolAllocator):
                                   sliding_window_size=None, chunk_size=None) -> int | None:
         """SGLang's arrival cap (Scheduler.init_req_max_new_tokens), in pages: the most tokens the
         request could ever generate with the whole ragged pool to itself (its prompt compressed),
-        so decode never needs more than the pool; None when the prompt itself can never fit."""
+        so decode never needs more than the pool. A prompt that can never fit is left to the
+        arrival hook, which refuses it naming the pool (HTTP 400)."""
         return self.serving.max_decode_tokens(int(input_tokens), int(max_new_tokens))
 
 

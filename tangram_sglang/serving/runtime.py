@@ -171,12 +171,13 @@ class TangramServing:
                     "it can never be served (shorten it or serve with a larger pool)")
         return None
 
-    def max_decode_tokens(self, prompt_tokens: int, wanted: int) -> int | None:
+    def max_decode_tokens(self, prompt_tokens: int, wanted: int) -> int:
         """The largest d <= wanted the pool can hold for this prompt plus d generated tokens with
-        nothing else in it (binary search over exact plans); None if the prompt never fits.
-        Counted in counters.capped when it is below wanted."""
+        nothing else in it (binary search over exact plans); counted in counters.capped when it is
+        below wanted. A prompt that never fits keeps wanted: the arrival hook
+        (scheduling.refuse_never_fitting) refuses it next, naming the pool's pages."""
         if prompt_tokens <= 0 or self._pages_alone(prompt_tokens, 1) > self.spec.num_pages:
-            return None if prompt_tokens > 0 else max(0, wanted)
+            return max(0, wanted)
         lo, hi = 1, max(1, wanted)
         if self._pages_alone(prompt_tokens, hi) <= self.spec.num_pages:
             return max(0, wanted)
