@@ -119,6 +119,7 @@ class RunStore:
 
     def __init__(self, path: str):
         self.path, self.lock, self.rows = path, threading.Lock(), {}
+        self.run_keys: set[str] = set()  # keys of rows actually run (not aliased through an equivalence)
         self.equiv_path = os.path.join(os.path.dirname(path), "fidelity_versions.json")
         self.equivalent = json.load(open(self.equiv_path)) if os.path.exists(self.equiv_path) else {}
         newer: dict[str, list[str]] = {}
@@ -130,6 +131,7 @@ class RunStore:
                     if line.strip():
                         row = json.loads(line)
                         self.rows[row["key"]] = row
+                        self.run_keys.add(row["key"])
                         self._alias(row, newer)
 
     def _alias(self, row: dict, newer: dict) -> None:
@@ -150,6 +152,7 @@ class RunStore:
     def add(self, row: dict) -> None:
         with self.lock:
             self.rows[row["key"]] = row
+            self.run_keys.add(row["key"])
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
@@ -388,7 +391,8 @@ def carry_over(store: RunStore, args) -> None:
             for ratio in args.ratios:
                 old = [c for c in convs if RunStore.key(model, setting, ratio, c, args.carry_from) in store.rows]
                 pick = old[:: max(1, len(old) // args.carry_check)][: args.carry_check]
-                todo = [c for c in pick if RunStore.key(model, setting, ratio, c, version) not in store.rows]
+                # re-run unless run at this version already: an aliased row would compare with itself
+                todo = [c for c in pick if RunStore.key(model, setting, ratio, c, version) not in store.run_keys]
                 if todo:
                     log(f"carry check {model} {setting} {ratio:g}: {len(todo)} to run")
                     RUNNERS[setting](setting, ratio, todo, args, store, model, model_path, version)
