@@ -216,7 +216,7 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
     t_host, t_dev = [], []
     for _ in range(steps):
         t0 = time.perf_counter()
-        step = cache.decode_step(rids)
+        step = cache.decode_step(rids, locs=False)
         t1 = time.perf_counter()
         rows_t, _ = tables.decode(rids, step.opened, step.width)
         tables.seq_lens(rows_t)

@@ -85,10 +85,24 @@ def attach_profile(server_args, profile_path: str | None, ratio: float | None,
     if model_path and os.path.isfile(os.path.join(model_path, "config.json")):
         profile.check_model(ModelShape.from_model_path(model_path))
     check_server_args(server_args)
+    _check_data_plane(server_args, data_plane)
     # Bookkeeping attributes (leading underscore) are allowed on the sealed record.
     setattr(server_args, PROFILE_ATTR, path)
     setattr(server_args, RATIO_ATTR, ratio)
     setattr(server_args, DATA_PLANE_ATTR, data_plane)
+
+
+def _check_data_plane(server_args, data_plane: str) -> None:
+    """A data plane this device cannot run stops the launch here, not in the scheduler process."""
+    from .serving.data_plane import DataPlaneError, choose_data_plane
+
+    device = getattr(server_args, "device", None) or "cpu"
+    if data_plane == "auto" or not str(device).startswith(("cpu", "cuda")):
+        return
+    try:
+        choose_data_plane(data_plane, device)
+    except DataPlaneError as exc:
+        raise ProfileError("tangram_data_plane", str(exc)) from None
 
 
 def from_cli_args(original, cls, args: argparse.Namespace):

@@ -32,3 +32,18 @@ def test_bad_choice_and_choice_without_profile_are_refused():
     with pytest.raises(ProfileError, match="'cuda' is not one of"):
         attach_profile(Args(), None, None, "cuda")
     attach_profile(Args(), None, None, "auto")  # nothing asked, nothing recorded
+
+
+def test_triton_without_a_gpu_stops_the_launch(monkeypatch):
+    """Checked in the launching process, before any scheduler is spawned."""
+    pytest.importorskip("triton")
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    profile = str(Path(__file__).resolve().parents[1] / "configs" / "smollm2-snapkv.yaml")
+    with pytest.raises(ProfileError, match="tangram_data_plane.*need a GPU"):
+        attach_profile(SimpleNamespace(model_path=None, device="cpu"), profile, None, "triton")
+    args = SimpleNamespace(model_path=None, device="cpu")
+    attach_profile(args, profile, None, "torch")
+    assert args._tangram_data_plane == "torch"

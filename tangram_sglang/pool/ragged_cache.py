@@ -77,7 +77,7 @@ def _div_mod(x: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True, kw_only=True)
 class DecodeStep:
-    """One decode step of a batch: locs int64 [B, L, G] slots to write; opened int64 [n, 3]
+    """One decode step of a batch: locs int64 [B, L, G] slots to write (None if not asked); opened int64 [n, 3]
     (batch index, v, page id) of the pages the step appended; width the batch's largest
     page count after the step."""
     locs: np.ndarray
@@ -224,9 +224,11 @@ class RaggedKVCache:
         lens, left = self.arena.lens[slots], self.arena.reserved_left[slots]
         return int(((lens % self.spec.page_size == 0) & (left <= 0)).sum())
 
-    def decode_step(self, rids) -> DecodeStep | None:
+    def decode_step(self, rids, *, locs: bool = True) -> DecodeStep | None:
         """decode() for the whole batch in a few [B, V] array operations (no loop over requests
-        or virtual layers); also returns the pages it opened (for the device block tables)."""
+        or virtual layers); also returns the pages it opened (for the device block tables).
+        locs=False skips the slot ids (DecodeStep.locs None): the served path computes them on
+        the device."""
         reqs = [self._req(r) for r in rids]
         for r, req in zip(rids, reqs):
             if not req.prefill_done:
@@ -250,13 +252,14 @@ class RaggedKVCache:
         A.npages[sb, v] += 1                                    # (b, v) pairs are unique
         A.taken[sb, v] += 1
         A.reserved_left[slots] = left - from_res
-        cap = A.pages.shape[2]
-        flat = (slots[:, None] * V + np.arange(V)[None, :]) * cap + col
-        page = A.pages.reshape(-1).take(flat).astype(np.int64)
+        out = None
+        if locs:
+            flat = (slots[:, None] * V + np.arange(V)[None, :]) * A.pages.shape[2] + col
+            page = A.pages.reshape(-1).take(flat).astype(np.int64)
+            out = (page * P + offset).reshape(len(reqs), self.spec.num_layers, self.spec.num_groups)
         A.lens[slots] = lens + 1
-        locs = (page * P + offset).reshape(len(reqs), self.spec.num_layers, self.spec.num_groups)
         opened = np.stack([b, v, ids.astype(np.int64)], axis=1)
-        return DecodeStep(locs=locs, opened=opened, width=max(1, int(A.npages[slots].max(initial=0))))
+        return DecodeStep(locs=out, opened=opened, width=max(1, int(A.npages[slots].max(initial=0))))
 
     # -- release ---------------------------------------------------------------------------------
     def publish(self, rid, *, include_tail: bool = False) -> list[Segment]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..pool.block_table import build_layer_tables
 from ..pool.request_pages import RequestPages
 from ..pool.spec import PoolError
 
@@ -62,19 +63,12 @@ class DeviceBlockTables:
 
     def load(self, rows: list[int], rids: list, host: list[RequestPages]) -> None:
         """Copy whole rows from the host pool (pages and lens as they are now)."""
-        width = max([int(p.npages.max(initial=0)) for p in host] + [1])
+        table, lens = build_layer_tables(host, self.num_layers, self.num_groups)   # [B, L, G, W], [B, L, G]
+        width = table.shape[-1]
         self._ensure(max(rows), width)
-        L, G = self.num_layers, self.num_groups
-        table = np.zeros((len(rows), L * G, width), dtype=np.int32)
-        lens = np.zeros((len(rows), L * G), dtype=np.int32)
-        for i, p in enumerate(host):
-            w = min(width, p.pages.shape[1])
-            table[i, :, :w] = np.maximum(p.pages[:, :w], 0)
-            lens[i] = p.lens
         idx = self._rows(rows)
-        dev = torch.from_numpy(table).to(self.device).view(len(rows), L, G, width).transpose(0, 1)
-        self.pages[:, idx, :, :width] = dev
-        self.lens[idx] = torch.from_numpy(lens).to(self.device)
+        self.pages[:, idx, :, :width] = torch.from_numpy(table).to(self.device).transpose(0, 1)
+        self.lens[idx] = torch.from_numpy(lens).to(self.device).view(len(rows), -1)
         for r, rid in zip(rows, rids):
             self.owner[int(r)] = rid
 

@@ -392,7 +392,7 @@ class TangramServing:
         if stale:  # a row not loaded since its pages changed (never after an extend of the same request)
             self.tables.load([rows[i] for i in stale], [rids[i] for i in stale],
                              [self.cache.requests[rids[i]].pages for i in stale])
-        step = self.cache.decode_step(rids)
+        step = self.cache.decode_step(rids, locs=False)
         if step is None:
             raise RuntimeError("Tangram: decode step without pages (SGLang's capacity check should have retracted)")
         rows_t, locs = self.tables.decode(rows, step.opened, step.width)   # on the device
