@@ -53,8 +53,16 @@ def _log_prefill_pool(result, reporter, *args, **kwargs):
 
     serving = current()
     if serving is not None and serving.cache is not None:
-        logger.info(serving.log_line())
+        _publish(reporter, serving)
     return result
+
+
+def _publish(reporter, serving) -> None:
+    """The pool's log line and its Prometheus gauges (with --enable-metrics)."""
+    from .serving.metrics import report
+
+    logger.info(serving.log_line())
+    report(reporter, serving)
 
 
 def _log_decode_pool(result, reporter, *args, **kwargs):
@@ -65,7 +73,7 @@ def _log_decode_pool(result, reporter, *args, **kwargs):
     if serving is not None and serving.cache is not None:
         serving.decode_steps += 1
         if serving.decode_steps % max(1, getattr(reporter, "decode_log_interval", 40)) == 0:
-            logger.info(serving.log_line())
+            _publish(reporter, serving)
     return result
 
 

@@ -23,7 +23,7 @@ def profile(smollm2_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(smollm2_path, profile):
-    with ServerProcess(smollm2_path, port=PORT, profile=profile, extra_args=["--enable-cache-report"]) as srv:
+    with ServerProcess(smollm2_path, port=PORT, profile=profile, extra_args=["--enable-cache-report", "--enable-metrics"]) as srv:
         yield srv
 
 
@@ -68,6 +68,34 @@ def test_generate_endpoint(server):
     out = post(server.url + "/generate", {"text": "The capital of France is",
                                           "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
     assert "Paris" in out["text"]
+
+
+def scrape(url: str) -> dict[str, float]:
+    """{metric name with labels: value} of a Prometheus text page."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def _one(metrics: dict[str, float], name: str) -> float:
+    (value,) = [v for k, v in metrics.items() if k.split("{")[0] == name]
+    return value
+
+
+def test_pool_gauges_on_sglang_metrics_endpoint(server):
+    post(server.url + "/generate", {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 4}})
+    metrics = scrape(server.url)
+    with urllib.request.urlopen(server.url + "/server_info", timeout=30) as r:
+        info = json.loads(r.read())["internal_states"][0]["tangram"]["pool_info"]
+    assert _one(metrics, "tangram:pages_total") == info["pages_total"] > 0
+    assert _one(metrics, "sglang:num_running_reqs") >= 0  # beside stock SGLang's own gauges
+    # Set at the last prefill log: at least this request was admitted, none refused.
+    assert 1 <= _one(metrics, "tangram:admitted") <= info["admitted"]
+    assert _one(metrics, "tangram:too_large") == info["too_large"] == 0
+    assert 0 < _one(metrics, "tangram:pages_used") <= info["pages_total"]
+    labels = [k for k in metrics if k.startswith("tangram:pages_total")][0]
+    assert 'model_name="' in labels  # SGLang's labels
 
 
 def test_bad_profile_stops_launch(smollm2_path, profile, tmp_path):

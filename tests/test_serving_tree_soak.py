@@ -226,22 +226,27 @@ def test_turn_two_reuses_turn_one_prompt_and_output():
     d.check()
 
 
-def test_shortened_chunk_is_replanned_from_the_tree():
-    """SGLang may cut a chunked request's next extend short: the rest is re-planned exactly."""
+def test_shortened_chunk_is_held_to_the_plan():
+    """SGLang may size a chunked request's next extend otherwise (rounding, its token budget): the
+    adder makes it the planned compression chunk, so the kept set never depends on batching."""
+    from tangram_sglang.serving.scheduling import _hold_to_plan
+
     d = Driver(4)
     d.sessions = [[3] * 60]  # prompt >= 61 tokens: at least 3 chunks of 24
     d.new_request()
     (req,) = d.running.values()
     d.step(req)  # first chunk, checkpointed into the tree
     planned = d.serving.requests[req.rid].chunk_tokens
-    assert len(planned) >= 3
-    d.serving.follow_chunk(req.rid, 7)
-    replanned = d.serving.requests[req.rid].chunk_tokens
-    assert replanned[0] == 7 and sum(replanned) == sum(planned[1:])
-    d.check()
+    assert len(planned) >= 3 and d.serving.planned_extend(req.rid) == planned[1]
+    req.prefix_len = req.kv_len
+    req.extend_end = req.prefix_len + 7  # what SGLang chose
+    assert _hold_to_plan(req, d.serving.planned_extend(req.rid))
+    assert req.extend_end - req.prefix_len == planned[1]
+    assert not _hold_to_plan(req, d.serving.planned_extend(req.rid))  # already the plan: untouched
     while not d.serving.cache.requests[req.rid].prefill_done or req.kv_len < len(req.prompt) + 3:
         d.step(req)
         d.check()
+    assert d.serving.planned_extend(req.rid) is None
     d.release(req, checkpoint=True)
     d.check()
 
@@ -288,3 +293,38 @@ def test_eviction_takes_the_least_recently_used_leaf_first():
     assert hits[0] == len(finished[0]) and hits[2] == len(finished[2])  # the second one lost its tail
     assert hits[1] < len(finished[1])
     d.check()
+
+
+def test_twin_keeps_the_tree_copy_and_publishes_nothing_after_it():
+    """Two identical prompts prefilled side by side: the second's prompt segment is a twin of the
+    first's. Its later segments start on pages holding its own copy of the twin's tail slots, so
+    they stay out of the tree (a reader would otherwise mix two requests' KV)."""
+    d = Driver(6)
+    prompt = [5, 1, 4] * 6  # 18 tokens: one chunk
+    reqs = []
+    for rid, row in (("A", 1), ("B", 2)):
+        req = FakeReq(rid, row, prompt)
+        req.session, req.last_node, req.lock = 0, d.tree.root_node, d.tree.lock(d.tree.root_node)
+        assert d.serving.admit(rid, prefix_chain=[], prefix_tokens=0, node=d.tree.root_node, first=18, total=18,
+                               decode_tokens=4)
+        d.rows.req_to_token[row, :18] = d.alloc.alloc(18).to(torch.int32)
+        d.serving.bind_row(rid, row)
+        d.running[rid] = req
+        reqs.append(req)
+    for req in reqs:
+        d.step(req)  # the prompt, then three decode steps
+        for _ in range(3):
+            d.step(req)
+        d.check()
+    a, b = reqs
+    b.output = [7, 7, 7, 7]  # B answered otherwise
+    d.release(a, checkpoint=True)
+    d.check()
+    held = d.serving.cache.usage().held_by_tree
+    d.release(b, checkpoint=True)
+    d.check()
+    assert d.serving.cache.usage().held_by_tree == held  # B added nothing: twin prompt, output detached
+    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=prompt + b.output + [0], extra_key=None)))
+    assert m.device_prefix_len == len(prompt)
+    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=prompt + a.output + [0], extra_key=None)))
+    assert m.device_prefix_len == len(prompt) + 3  # A's own history, whole (the last token has no KV)

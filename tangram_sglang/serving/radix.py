@@ -164,13 +164,14 @@ class TangramRadixCache(RadixCache):
         segs = self.serving.cache.publish(req.rid, include_tail=req.finished())
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         fill = req.full_untruncated_fill_ids
-        parent, pos, stop = state.node, state.published_tokens, False
+        parent, pos = state.node, state.published_tokens
         for seg in segs:
             end = pos + seg.num_tokens
-            stop = stop or end > up_to or seg.num_tokens == 0
-            if stop:
-                # The pool ran ahead of what SGLang keeps (should not happen): this segment and
-                # every later one (its chain runs through this one) stay out of the tree.
+            if state.detached or end > up_to or seg.num_tokens == 0:
+                # Out of the tree, and so is every later segment of this request (its chain runs
+                # through this one): the pool ran ahead of what SGLang keeps (should not happen),
+                # or the request's history now continues a twin (below).
+                state.detached = True
                 self.serving.cache.evict(seg.seg_id)
                 continue
             tokens = _tokens(fill[pos:end])
@@ -178,11 +179,14 @@ class TangramRadixCache(RadixCache):
             twin = self._twin(parent, tokens, seg, req.extra_key)
             if twin is not None:
                 # Same tokens after the same chain: keep the tree's copy, free ours (stock dedup).
+                # Our later segments start on pages holding OUR copy of this segment's tail slots;
+                # under the twin a reader would mix two requests' KV (equal only if compression is
+                # bit-deterministic, which batched GPU kernels are not): they are not published.
                 self.token_to_kv_pool_allocator.free(ids.clone())
                 self.req_to_token_pool.write((req.kv.req_pool_idx, slice(pos, end)), twin.value.to(row.dtype))
                 self.serving.cache.evict(seg.seg_id)
                 twin.last_access_time = time.monotonic()
-                parent = twin
+                parent, state.detached = twin, True
             else:
                 node = SegNode(tokens=tokens, value=ids.clone(), seg=seg, extra_key=req.extra_key)
                 self._add_child(parent, node)

@@ -72,6 +72,7 @@ class RequestState:
     prefix_tokens: int = 0                  # tokens of the matched prefix
     node: object = None                     # tree node where its published chain ends
     published_tokens: int = 0               # tokens covered by the tree chain (incl. prefix)
+    detached: bool = False                  # later segments stay out of the tree (radix.checkpoint)
     chunk_tokens: list[int] = field(default_factory=list)
     prompt_end: int = 0                     # tokens of the whole prompt (prefix included)
     protect: list[tuple[int, int]] = field(default_factory=list)  # (lead, trail) protected per chunk
@@ -110,6 +111,8 @@ class TangramServing:
         self.full_kv_token_bytes = 0
         self.decode_steps = 0
         self.data_plane: str | None = None  # set by the attention backend: "torch" or "triton"
+        self._max_prompt: int | None = None
+        self.gauges = None  # serving.metrics.TangramGauges, made at the first report with --enable-metrics
 
     @classmethod
     def load(cls, path: str, ratio: float | None) -> "TangramServing":
@@ -164,12 +167,27 @@ class TangramServing:
 
     def never_fits(self, prompt_tokens: int) -> str | None:
         """Why a prompt can never be served by this pool (None if it can): no prefix, one decode token."""
+        if prompt_tokens <= 0:  # stock SGLang crashes its scheduler on it (0.5.23, CPU): refuse it
+            return "Tangram: the prompt is empty; send at least one token"
         need = self._pages_alone(prompt_tokens, 1)
         if need > self.spec.num_pages:
             return (f"Tangram: the prompt of {prompt_tokens} tokens needs {need} pages of the "
                     f"ragged KV pool after compression, but the whole pool has {self.spec.num_pages}; "
                     "it can never be served (shorten it or serve with a larger pool)")
         return None
+
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt the pool can ever serve (alone, no prefix, one generated token);
+        computed once (binary search over exact plans)."""
+        if self._max_prompt is None:
+            lo, hi = 0, 1
+            while self._pages_alone(hi, 1) <= self.spec.num_pages:
+                lo, hi = hi, hi * 2
+            while lo < hi - 1:  # invariant: lo fits (or is 0), hi does not
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if self._pages_alone(mid, 1) <= self.spec.num_pages else (lo, mid)
+            self._max_prompt = lo
+        return self._max_prompt
 
     def max_decode_tokens(self, prompt_tokens: int, wanted: int) -> int:
         """The largest d <= wanted the pool can hold for this prompt plus d generated tokens with
@@ -236,36 +254,16 @@ class TangramServing:
         self.counters.peak_running = max(self.counters.peak_running, len(self.requests))
         return True
 
-    def replan(self, rid: str, *, prefix_chain, first: int, total: int, decode_tokens: int) -> None:
-        """SGLang chose another first extend than predicted: re-reserve for the real schedule."""
-        state = self.requests.pop(rid)
-        self.cache.abort(rid)
-        if not self.admit(rid, prefix_chain=prefix_chain, prefix_tokens=state.prefix_tokens, node=state.node,
-                          first=first, total=total, decode_tokens=decode_tokens):
-            raise RuntimeError(f"Tangram: request {rid} lost its reservation when its first chunk changed")
+    def planned_extend(self, rid: str) -> int | None:
+        """Tokens of the request's next compression chunk (None: prefill done, or not admitted).
 
-    def follow_chunk(self, rid: str, num_tokens: int) -> None:
-        """SGLang's next extend of a chunked request should be the planned compression chunk; if it
-        is not (SGLang cut it shorter), re-plan the rest from the chunks already in the tree."""
-        req = self.cache.requests[rid]
-        done = len(req.chunk_ends)
-        planned = req.plan.chunk_tokens[done:]
-        if planned and planned[0] == num_tokens:
-            return
-        state = self.requests[rid]
-        if done != req.published_chunks or self.tree is None:
-            raise RuntimeError(f"Tangram: request {rid} got an extend of {num_tokens} tokens, its planned "
-                               f"compression chunk is {planned[:1]}, and its chunks are not all in the tree")
-        decode = req.plan.decode_tokens
-        self.cache.abort(rid)
-        sched = chunk_schedule(num_tokens, sum(planned), self.chunk)
-        protect = chunk_protection(self.protection, state.published_tokens, sched, state.prompt_end)
-        adm = self._reserve(rid, sched, decode, self.tree.chain(state.node), protect)
-        if adm is None:
-            raise RuntimeError(f"Tangram: no pages to re-plan request {rid} after SGLang shortened its chunk")
-        state.chunk_tokens, state.prefix_tokens, state.protect = sched, state.published_tokens, protect
-        if adm.copy_src.size:
-            state.copy_src, state.copy_dst = adm.copy_src, adm.copy_dst
+        The schedule is fixed at admission; the prefill adder makes SGLang's extend this long, so
+        the kept set never depends on how SGLang sized a pass (and nothing is re-planned)."""
+        req = self.cache.requests.get(rid)
+        if req is None:
+            return None
+        planned = req.plan.chunk_tokens[len(req.chunk_ends):]
+        return planned[0] if planned else None
 
     def bind_row(self, rid: str, row: int) -> None:
         state = self.requests.get(rid)
@@ -314,6 +312,7 @@ class TangramServing:
             "bytes_held": held_bytes, "tokens_held": tokens_held, "full_kv_bytes_for_tokens_held": full_bytes,
             "saved_vs_full_kv": (1.0 - held_bytes / full_bytes) if full_bytes else 0.0,
             "stock_kv_tokens_same_bytes": self.stock_tokens, "chunk_tokens": self.chunk,
+            "max_prompt_tokens": self.max_prompt_tokens(),
             "data_plane": self.data_plane,
             "running_requests": len(self.requests), **self.counters.__dict__,
         }

@@ -40,13 +40,17 @@ class TangramPrefillAdder(PrefillAdder):
         rem = self.rem_chunk_tokens
         if rem is not None and rem < first:
             return AddReqResult.OTHER
-        max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
-        decode = int(max_new * self.new_token_ratio) + 1
-        tree = self.tree_cache
-        lock = tree.lock(req.last_node)  # eviction for room must not take this request's prefix
         try:
-            ok = serving.admit(req.rid, prefix_chain=tree.chain(req.last_node), prefix_tokens=req.prefix_len,
-                               node=req.last_node, first=first, total=total, decode_tokens=decode)
+            ok = self._reserve(serving, req, first, total)
+            if not ok and req.prefix_len > 0 and not serving.requests:
+                # Nothing runs, so nothing will free pages: what keeps it out is its own cached
+                # prefix (pages shared with the tree force copies of their tails). Serve it as if
+                # the prefix were not cached: evict what the tree holds and match again.
+                self.tree_cache.evict_pages(serving.spec.num_pages)
+                req.init_next_round_input(self.tree_cache)
+                total = len(req.full_untruncated_fill_ids) - req.prefix_len
+                first = min(total, serving.chunk)
+                ok = self._reserve(serving, req, first, total)
         except RequestTooLargeError as exc:
             # Arrival already refuses prompts that never fit; a chunk schedule cut by batching can
             # still tip one over. Fail it like SGLang fails bad input: it finishes with the error
@@ -54,25 +58,47 @@ class TangramPrefillAdder(PrefillAdder):
             serving.counters.too_large += 1
             req.set_finish_with_abort(f"Tangram: {exc}")
             return AddReqResult.NO_TOKEN
-        finally:
-            tree.unlock(lock)
         if not ok:
             return AddReqResult.NO_TOKEN
         res = super().add_one_req(req, has_chunked_req, truncation_align_size)
         if not _added(self, req):
             serving.release(req.rid)
             return res
-        actual = req.extend_end - req.prefix_len
-        if actual != first:
-            serving.replan(req.rid, prefix_chain=tree.chain(req.last_node), first=actual, total=total,
-                           decode_tokens=decode)
+        if _hold_to_plan(req, first):
+            # Chunked or not is decided by the plan too.
+            if req.extend_end < len(req.full_untruncated_fill_ids):
+                self.new_chunked_req = req
+            elif self.new_chunked_req is req:
+                self.new_chunked_req = None
         return res
+
+    def _reserve(self, serving, req, first: int, total: int) -> bool:
+        """serving.admit for req's schedule, its matched prefix locked against eviction for room."""
+        max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
+        tree = self.tree_cache
+        lock = tree.lock(req.last_node)
+        try:
+            return serving.admit(req.rid, prefix_chain=tree.chain(req.last_node), prefix_tokens=req.prefix_len,
+                                 node=req.last_node, first=first, total=total,
+                                 decode_tokens=int(max_new * self.new_token_ratio) + 1)
+        finally:
+            tree.unlock(lock)
 
     def add_chunked_req(self, req):
         out = super().add_chunked_req(req)
-        if _added(self, req):
-            current().follow_chunk(req.rid, req.extend_end - req.prefix_len)
+        if _added(self, req) and _hold_to_plan(req, current().planned_extend(req.rid)):
+            return req if req.extend_end < len(req.full_untruncated_fill_ids) else None
         return out
+
+
+def _hold_to_plan(req, planned: int | None) -> bool:
+    """Make SGLang's extend of req the planned compression chunk; True if it had sized it otherwise
+    (page or alignment rounding, its token budget). The pages reserved are the plan's, and the
+    kept set must depend only on the prompt and its cached prefix, never on how a pass was sized."""
+    if planned is None or req.extend_end - req.prefix_len == planned:
+        return False
+    req.extend_end = req.prefix_len + planned
+    return True
 
 
 def prefill_adder_class(original, scheduler):

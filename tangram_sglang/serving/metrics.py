@@ -1,0 +1,57 @@
+"""The ragged pool's gauges on SGLang's own Prometheus endpoint (``--enable-metrics``).
+
+SGLang's ``sglang:token_usage`` and friends count the *logical* token ids a
+profile hands SGLang (a space 16x the stock one, so pages bind first); what
+binds is the ragged pool. These gauges sit beside SGLang's, with its labels
+(model name, ranks), and are set from the pool's counters each time SGLang
+logs its own stats (every prefill batch, every decode log interval): reading
+them costs O(running requests), never a walk of the pool.
+
+Counters that only grow (admitted, refused, ...) are exported as gauges of
+their running total ("mostrecent" across processes, like SGLang's own).
+"""
+
+from __future__ import annotations
+
+GAUGES = {  # pool_info key -> help text
+    "pages_total": "Pages of the ragged KV pool.",
+    "pages_used": "Pages holding KV (requests' own and the radix tree's).",
+    "pages_reserved": "Pages reserved by admitted requests and not yet written.",
+    "pages_free": "Pages neither used nor reserved.",
+    "pages_held_by_tree": "Pages held by the radix tree (cached history).",
+    "tokens_held": "Tokens whose KV the pool holds.",
+    "saved_vs_full_kv": "Share of full-KV bytes saved for the tokens held.",
+    "running_requests": "Requests holding a reservation.",
+    "admitted": "Requests admitted (running total).",
+    "waited": "Admissions deferred for lack of pages (running total).",
+    "too_large": "Requests refused: the pool can never hold them (running total).",
+    "capped": "Requests whose max_new_tokens was capped to what the pool can hold (running total).",
+    "retracted": "Requests retracted from decode for lack of pages (running total).",
+    "evicted_segments": "Radix tree segments evicted for room (running total).",
+    "peak_pages_used": "Most pages ever used at once.",
+}
+
+
+class TangramGauges:
+    """One prometheus Gauge per GAUGES key, named ``tangram:<key>``, labelled like SGLang's."""
+
+    def __init__(self, labels: dict[str, str]):
+        from prometheus_client import Gauge  # after SGLang set PROMETHEUS_MULTIPROC_DIR
+
+        self.labels = dict(labels)
+        self.gauges = {key: Gauge(name=f"tangram:{key}", documentation=doc, labelnames=list(self.labels),
+                                  multiprocess_mode="mostrecent") for key, doc in GAUGES.items()}
+
+    def update(self, info: dict) -> None:
+        for key, gauge in self.gauges.items():
+            (gauge.labels(**self.labels) if self.labels else gauge).set(float(info[key]))
+
+
+def report(reporter, serving) -> None:
+    """Set the gauges from serving's pool, if this scheduler exports metrics (else nothing)."""
+    collector = getattr(reporter, "metrics_collector", None)
+    if not getattr(reporter, "enable_metrics", False) or collector is None:
+        return
+    if serving.gauges is None:
+        serving.gauges = TangramGauges(collector.labels)
+    serving.gauges.update(serving.pool_info())
