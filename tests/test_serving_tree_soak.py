@@ -247,6 +247,7 @@ def test_shortened_chunk_is_held_to_the_plan():
         d.step(req)
         d.check()
     assert d.serving.planned_extend(req.rid) is None
+    assert d.serving.requests[req.rid].scorer_states == []  # freed with the last chunk's plan
     d.release(req, checkpoint=True)
     d.check()
 

@@ -158,20 +158,20 @@ class TangramRadixCache(RadixCache):
         """Publish the request's finished chunks (and, once finished, its generated tokens)."""
         if self.disable:
             return
-        state = self.serving.requests.get(req.rid)
-        if state is None:
+        where = self.serving.publication(req.rid)  # the serving state owns it; the tree reads and reports
+        if where is None:
             return
+        parent, pos, detached = where
         segs = self.serving.cache.publish(req.rid, include_tail=req.finished())
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         fill = req.full_untruncated_fill_ids
-        parent, pos = state.node, state.published_tokens
         for seg in segs:
             end = pos + seg.num_tokens
-            if state.detached or end > up_to or seg.num_tokens == 0:
+            if detached or end > up_to or seg.num_tokens == 0:
                 # Out of the tree, and so is every later segment of this request (its chain runs
                 # through this one): the pool ran ahead of what SGLang keeps (should not happen),
                 # or the request's history now continues a twin (below).
-                state.detached = True
+                detached = True
                 self.serving.cache.evict(seg.seg_id)
                 continue
             tokens = _tokens(fill[pos:end])
@@ -186,7 +186,7 @@ class TangramRadixCache(RadixCache):
                 self.req_to_token_pool.write((req.kv.req_pool_idx, slice(pos, end)), twin.value.to(row.dtype))
                 self.serving.cache.evict(seg.seg_id)
                 twin.last_access_time = time.monotonic()
-                parent, state.detached = twin, True
+                parent, detached = twin, True
             else:
                 node = SegNode(tokens=tokens, value=ids.clone(), seg=seg, extra_key=req.extra_key)
                 self._add_child(parent, node)
@@ -195,7 +195,7 @@ class TangramRadixCache(RadixCache):
                 self._update_leaf_status(node)
                 parent = node
             pos = end
-        state.node, state.published_tokens = parent, pos
+        self.serving.published(req.rid, parent, pos, detached)
         req.kv.cache_protected_len = pos
         self.unlock(req.lock)
         req.lock = self.lock(parent)

@@ -65,7 +65,7 @@ def chunk_schedule(first: int, total: int, chunk: int) -> list[int]:
 @dataclass
 class RequestState:
     rid: str
-    scorer_states: list[ScorerState]
+    scorer_states: list[ScorerState]       # per layer, while prefilling; [] once the last chunk is planned
     row: int | None = None                  # SGLang req_pool_idx
     copy_src: np.ndarray | None = None      # prefix pages to copy before the first write
     copy_dst: np.ndarray | None = None
@@ -265,6 +265,16 @@ class TangramServing:
         planned = req.plan.chunk_tokens[len(req.chunk_ends):]
         return planned[0] if planned else None
 
+    def publication(self, rid: str):
+        """(tree node, tokens covered, detached) where the request's published chain ends; None if unknown."""
+        st = self.requests.get(rid)
+        return None if st is None else (st.node, st.published_tokens, st.detached)
+
+    def published(self, rid: str, node, tokens: int, detached: bool) -> None:
+        """The tree published the request's segments up to node (tokens covered from position 0)."""
+        st = self.requests[rid]
+        st.node, st.published_tokens, st.detached = node, tokens, detached
+
     def bind_row(self, rid: str, row: int) -> None:
         state = self.requests.get(rid)
         if state is not None:
@@ -314,8 +324,14 @@ class TangramServing:
             "stock_kv_tokens_same_bytes": self.stock_tokens, "chunk_tokens": self.chunk,
             "max_prompt_tokens": self.max_prompt_tokens(),
             "data_plane": self.data_plane,
-            "running_requests": len(self.requests), **self.counters.__dict__,
+            "running_requests": len(self.requests), "scorer_state_bytes": self.scorer_state_bytes(),
+            **self.counters.__dict__,
         }
+
+    def scorer_state_bytes(self) -> int:
+        """Bytes scorers keep across chunks for requests still prefilling (freed at the last chunk)."""
+        return sum(t.numel() * t.element_size() for st in self.requests.values() for ss in st.scorer_states
+                   for t in ss.tensors.values())
 
     def tokens_held(self) -> int:
         """Tokens whose KV the pool holds: requests' own tokens plus the tree's (prefixes counted once)."""
@@ -371,9 +387,12 @@ class TangramServing:
         table, lens = self.tables.view(rows, max(width, 1), torch.from_numpy(before).to(dev))
         self._note_peak()
         chunks = [ChunkPlan.build(ext_lens, keep[:, layer], dev) for layer in range(self.spec.num_layers)]
+        states = [[self.requests[r].scorer_states[l] for r in rids] for l in range(self.spec.num_layers)]
+        for rid in rids:  # the last chunk: its states live only as long as this forward's plan
+            if self.cache.requests[rid].prefill_done:
+                self.requests[rid].scorer_states = []
         return ForwardPlan(block_table=table, seq_lens=lens, out_loc=out, keep=torch.from_numpy(keep).to(dev),
-                           protect=protect, states=[[self.requests[r].scorer_states[l] for r in rids]
-                                                    for l in range(self.spec.num_layers)], chunks=chunks)
+                           protect=protect, states=states, chunks=chunks)
 
     def _rows(self, rids) -> list[int]:
         rows = [self.requests[rid].row for rid in rids]
