@@ -329,3 +329,36 @@ def test_twin_keeps_the_tree_copy_and_publishes_nothing_after_it():
     assert m.device_prefix_len == len(prompt)
     m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=prompt + a.output + [0], extra_key=None)))
     assert m.device_prefix_len == len(prompt) + 3  # A's own history, whole (the last token has no KV)
+
+
+def test_decode_step_evicts_when_the_tree_grew_after_the_capacity_check():
+    """SGLang checks decode room before a step; if the tree took pages since, the step evicts
+    unlocked leaves itself instead of raising in the scheduler."""
+    d = Driver(8)
+    d.sessions = [[]]
+    d.new_request()
+    (a,) = d.running.values()
+    while not d.serving.cache.requests[a.rid].prefill_done:
+        d.step(a)
+    rng, n = random.Random(3), 0
+    while d.serving.cache.pool.available > 0:  # finished requests fill the tree
+        d.sessions = [[rng.randrange(8) for _ in range(30)]]
+        before = set(d.running)
+        d.new_request()
+        new = [d.running[r] for r in set(d.running) - before]
+        if not new:
+            break
+        (b,) = new
+        while not d.serving.cache.requests[b.rid].prefill_done:
+            d.step(b)
+        d.release(b, checkpoint=True)
+        n += 1
+    assert n > 0 and d.serving.cache.usage().held_by_tree > 0
+    evicted = d.serving.counters.evicted_segments
+    for _ in range(40):  # a.'s reservation runs out: new pages must come from the tree
+        ids = d.alloc.alloc(1)
+        d.rows.req_to_token[a.kv.req_pool_idx, a.kv_len] = ids.to(torch.int32)
+        d.serving.decode_metadata([a.rid])
+        a.kv_len += 1
+        d.check()
+    assert d.serving.counters.evicted_segments > evicted

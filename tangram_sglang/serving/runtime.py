@@ -411,6 +411,8 @@ class TangramServing:
             self.tables.load([rows[i] for i in stale], [rids[i] for i in stale],
                              [self.cache.requests[rids[i]].pages for i in stale])
         step = self.cache.decode_step(rids, locs=False)
+        if step is None and self.ensure_decode_room(rids):  # SGLang checked room; the tree may have
+            step = self.cache.decode_step(rids, locs=False)  # grown since (a checkpoint in between)
         if step is None:
             raise RuntimeError("Tangram: decode step without pages (SGLang's capacity check should have retracted)")
         rows_t, locs = self.tables.decode(rows, step.opened, step.width)   # on the device
