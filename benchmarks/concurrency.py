@@ -40,6 +40,8 @@ sys.path.insert(0, os.path.join(ROOT, "launch"))
 
 from tangram_sglang.server_process import ServerProcess  # noqa: E402
 
+os.environ.setdefault("TANGRAM_INTEGRITY_CHECK", "1")  # the servers started here check their pool on /server_info
+
 CORPUS = ["README.md", "configs/CALIBRATION.md", "configs/reference-regularity.md"]
 
 

@@ -8,6 +8,7 @@ against the model config SGLang itself loaded, so hub models are checked too.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 from .profile import RatioEntry, TangramProfile
@@ -50,14 +51,22 @@ class TangramRuntime:
         )
 
 
+INTEGRITY_ENV = "TANGRAM_INTEGRITY_CHECK"
+
+
 def _pool_info() -> dict | None:
-    """The ragged pool's counters plus the result of its integrity check (pool and tree)."""
+    """The ragged pool's counters (O(running requests)) and, on demand, the result of its integrity
+    check (pool and tree, O(pool)): with TANGRAM_INTEGRITY_CHECK=1 in the server's environment
+    (the tests and benchmarks set it), every /server_info runs it."""
     from .serving.runtime import current
 
     serving = current()
     if serving is None or serving.cache is None:
         return None
     info = serving.pool_info()
+    if os.environ.get(INTEGRITY_ENV, "0") in ("", "0"):
+        info["integrity"] = f"not checked ({INTEGRITY_ENV}=1 checks it on every /server_info)"
+        return info
     try:
         serving.check_integrity()
         info["integrity"] = "ok"

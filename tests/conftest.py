@@ -3,6 +3,7 @@
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TANGRAM_INTEGRITY_CHECK", "1")  # servers the tests start check their pool on /server_info
 
 import torch  # noqa: E402
 
