@@ -49,9 +49,9 @@ def _scheduler_init(result, scheduler, server_args, *args, **kwargs) -> None:
 
 def _log_prefill_pool(result, reporter, *args, **kwargs):
     """AFTER the prefill batch log line: the ragged pool's pages and the memory saved."""
-    from .serving.runtime import current
+    from .serving.runtime import serving_of
 
-    serving = current()
+    serving = serving_of(reporter.scheduler.tree_cache)
     if serving is not None and serving.cache is not None:
         _publish(reporter, serving)
     return result
@@ -67,9 +67,9 @@ def _publish(reporter, serving) -> None:
 
 def _log_decode_pool(result, reporter, *args, **kwargs):
     """AFTER report_decode_stats: the same line, at SGLang's decode log interval."""
-    from .serving.runtime import current
+    from .serving.runtime import serving_of
 
-    serving = current()
+    serving = serving_of(reporter.scheduler.tree_cache)
     if serving is not None and serving.cache is not None:
         serving.decode_steps += 1
         if serving.decode_steps % max(1, getattr(reporter, "decode_log_interval", 40)) == 0:

@@ -121,10 +121,9 @@ class Driver:
         self.stats["admitted"] += 1
 
     def step(self, req):
-        st = self.serving.requests[req.rid]
         pool_req = self.serving.cache.requests[req.rid]
         if not pool_req.prefill_done:
-            n = st.chunk_tokens[len(pool_req.chunk_ends)]
+            n = pool_req.plan.chunk_tokens[len(pool_req.chunk_ends)]
             before = pool_req.pages.lens.copy()
             plan = self.serving.extend_metadata([req.rid], [n])
             assert_plan_matches_host(self.serving, req.rid, plan, before)
@@ -236,7 +235,7 @@ def test_shortened_chunk_is_held_to_the_plan():
     d.new_request()
     (req,) = d.running.values()
     d.step(req)  # first chunk, checkpointed into the tree
-    planned = d.serving.requests[req.rid].chunk_tokens
+    planned = d.serving.cache.requests[req.rid].plan.chunk_tokens
     assert len(planned) >= 3 and d.serving.planned_extend(req.rid) == planned[1]
     req.prefix_len = req.kv_len
     req.extend_end = req.prefix_len + 7  # what SGLang chose

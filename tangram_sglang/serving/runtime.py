@@ -1,8 +1,16 @@
 """TangramServing: everything one scheduler process holds to serve with a profile.
 
 One object per scheduler process (the model runner lives in the same process),
-created before SGLang builds its memory pools and reached through ``current()``
-by the allocator, the radix tree, the prefill adder and the attention backend.
+created before SGLang builds its memory pools. It is passed to what SGLang
+builds (the allocator, the radix tree); SGLang's hooks reach it through the
+tree SGLang threads everywhere (``serving_of(tree_cache)``), and only the
+constructors SGLang calls without context (the attention backend, the pool
+hooks) read ``current()``.
+
+A request's progress has one owner: the pool's request record (its plan,
+chunks done, pages); RequestState keeps only what the pool does not know
+(scorer state, SGLang row, pending prefix copies, protected runs, where its
+published chain ends).
 
 It owns the ragged pool's control plane (RaggedKVCache), its page data
 (KVPageData), the per-layer attention metadata (groups, split map), the
@@ -43,6 +51,11 @@ def current() -> "TangramServing | None":
     return _CURRENT
 
 
+def serving_of(tree_cache) -> "TangramServing | None":
+    """The serving state behind SGLang's tree cache (None for a stock tree: no profile)."""
+    return getattr(tree_cache, "serving", None)
+
+
 def set_current(serving: "TangramServing | None") -> None:
     global _CURRENT
     _CURRENT = serving
@@ -73,8 +86,6 @@ class RequestState:
     node: object = None                     # tree node where its published chain ends
     published_tokens: int = 0               # tokens covered by the tree chain (incl. prefix)
     detached: bool = False                  # later segments stay out of the tree (radix.checkpoint)
-    chunk_tokens: list[int] = field(default_factory=list)
-    prompt_end: int = 0                     # tokens of the whole prompt (prefix included)
     protect: list[tuple[int, int]] = field(default_factory=list)  # (lead, trail) protected per chunk
 
 
@@ -246,7 +257,7 @@ class TangramServing:
         state = RequestState(rid=rid, scorer_states=[ScorerState(tokens_seen=prefix_tokens)
                                                      for _ in range(self.spec.num_layers)],
                              prefix_tokens=prefix_tokens, node=node, published_tokens=prefix_tokens,
-                             chunk_tokens=sched, prompt_end=prefix_tokens + total, protect=protect)
+                             protect=protect)
         if adm.copy_src.size:
             state.copy_src, state.copy_dst = adm.copy_src, adm.copy_dst
         self.requests[rid] = state

@@ -20,7 +20,7 @@ from __future__ import annotations
 from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS, AddReqResult, PrefillAdder
 
 from ..pool.spec import RequestTooLargeError
-from .runtime import current
+from .runtime import serving_of
 
 
 def _added(adder, req) -> bool:
@@ -29,7 +29,7 @@ def _added(adder, req) -> bool:
 
 class TangramPrefillAdder(PrefillAdder):
     def add_one_req(self, req, has_chunked_req, truncation_align_size):
-        serving = current()
+        serving = serving_of(self.tree_cache)
         total = len(req.full_untruncated_fill_ids) - req.prefix_len
         if total <= 0:
             return super().add_one_req(req, has_chunked_req, truncation_align_size)
@@ -86,7 +86,7 @@ class TangramPrefillAdder(PrefillAdder):
 
     def add_chunked_req(self, req):
         out = super().add_chunked_req(req)
-        if _added(self, req) and _hold_to_plan(req, current().planned_extend(req.rid)):
+        if _added(self, req) and _hold_to_plan(req, serving_of(self.tree_cache).planned_extend(req.rid)):
             return req if req.extend_end < len(req.full_untruncated_fill_ids) else None
         return out
 
@@ -102,12 +102,12 @@ def _hold_to_plan(req, planned: int | None) -> bool:
 
 
 def prefill_adder_class(original, scheduler):
-    return TangramPrefillAdder if current() is not None else original(scheduler)
+    return TangramPrefillAdder if serving_of(scheduler.tree_cache) is not None else original(scheduler)
 
 
 def bind_rows(result, batch, *args, **kwargs):
     """AFTER ScheduleBatch.prepare_for_extend: remember which req_to_token row each request got."""
-    serving = current()
+    serving = serving_of(batch.tree_cache)
     if serving is not None:
         for req in batch.reqs:
             serving.bind_row(req.rid, req.kv.req_pool_idx)
@@ -116,7 +116,7 @@ def bind_rows(result, batch, *args, **kwargs):
 
 def refuse_never_fitting(scheduler, req, *args, **kwargs):
     """BEFORE Scheduler._add_request_to_queue: a prompt the pool can never hold fails now, clearly."""
-    serving = current()
+    serving = serving_of(scheduler.tree_cache)
     if serving is None or req.finished():
         return
     why = serving.never_fits(len(req.origin_input_ids))
