@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,6 +70,11 @@ def hang_up(port: int, payload: dict, chunks: int) -> None:
             got += line.startswith(b"data:")
     finally:
         conn.close()
+
+
+def pool_info(url: str) -> dict:
+    with urllib.request.urlopen(url + "/server_info", timeout=60) as r:
+        return json.loads(r.read())["internal_states"][0]["tangram"]["pool_info"]
 
 
 class Tally:
@@ -158,12 +164,10 @@ def main() -> None:
         with ThreadPoolExecutor(args.workers) as ex:
             list(ex.map(run, seeds))
         time.sleep(2)
-        info = json.loads(subprocess.run(["curl", "-s", srv.url + "/server_info"], capture_output=True,
-                                         text=True).stdout)["internal_states"][0]["tangram"]["pool_info"]
+        info = pool_info(srv.url)
         request(PORT, "/flush_cache", {})
         time.sleep(1)
-        after = json.loads(subprocess.run(["curl", "-s", srv.url + "/server_info"], capture_output=True,
-                                          text=True).stdout)["internal_states"][0]["tangram"]["pool_info"]
+        after = pool_info(srv.url)
         healthy = request(PORT, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}})[0] == 200
     with open(srv.log_path, errors="replace") as f:
         tracebacks = sum("Traceback" in line for line in f)

@@ -113,7 +113,7 @@ def test_malformed_json(server):
 
 
 def _raw(srv, path: str, body: bytes) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
     try:
         conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
@@ -149,7 +149,7 @@ def test_abort_mid_prefill_and_mid_decode(server, essay_ids, where):
 
 def test_client_hang_up_mid_chunk(server, essay_ids):
     """The connection closes while the first of three chunks is prefilled: SGLang aborts it."""
-    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     conn.request("POST", "/generate", body=json.dumps({"input_ids": essay_ids[4000:5200], "stream": True,
                                                        "sampling_params": {"max_new_tokens": 50}}),
                  headers={"Content-Type": "application/json"})
