@@ -34,14 +34,15 @@ def _scheduler_init(result, scheduler, server_args, *args, **kwargs) -> None:
     """AFTER Scheduler.__init__: check the profile against the model SGLang loaded; report it."""
     from .profile import ModelShape
     from .runtime_state import TangramRuntime
-    from .serving.runtime import current
+    from .serving.runtime import current, set_current
 
     serving = current()
+    set_current(None)  # the hand-off ends here: later readers reach it through the tree and allocator
     scheduler.tangram = None
     if serving is None:
         return
     serving.profile.check_model(ModelShape.from_hf_config(scheduler.model_config.hf_config))
-    runtime = TangramRuntime(path=serving.path, profile=serving.profile, entry=serving.entry)
+    runtime = TangramRuntime(path=serving.path, profile=serving.profile, entry=serving.entry, serving=serving)
     scheduler.tangram = runtime
     scheduler.tp_worker.model_runner.tangram = runtime
     runtime.log_summary()
@@ -98,9 +99,8 @@ def _create_backend(runner):
 
 def _create_tree(ctx):
     from .serving.radix import TangramRadixCache
-    from .serving.runtime import current
 
-    return TangramRadixCache(ctx.params, current())
+    return TangramRadixCache(ctx.params, ctx.params.token_to_kv_pool_allocator.serving)
 
 
 def _register_serving_hooks(HookRegistry, HookType) -> None:

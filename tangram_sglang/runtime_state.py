@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .profile import RatioEntry, TangramProfile
 
@@ -23,6 +23,7 @@ class TangramRuntime:
     path: str
     profile: TangramProfile
     entry: RatioEntry
+    serving: object = field(default=None, compare=False, repr=False)  # TangramServing (None: profile only)
 
     def info(self) -> dict:
         """JSON-able summary for /server_info and logs."""
@@ -39,7 +40,7 @@ class TangramRuntime:
             "mean_budget": float(e.budgets.mean()),
             "mean_group_budget": float(e.group_budget.mean()),
             "pool": POOL_MODE,
-            "pool_info": _pool_info(),
+            "pool_info": _pool_info(self.serving),
         }
 
     def log_summary(self) -> None:
@@ -54,13 +55,10 @@ class TangramRuntime:
 INTEGRITY_ENV = "TANGRAM_INTEGRITY_CHECK"
 
 
-def _pool_info() -> dict | None:
+def _pool_info(serving) -> dict | None:
     """The ragged pool's counters (O(running requests)) and, on demand, the result of its integrity
     check (pool and tree, O(pool)): with TANGRAM_INTEGRITY_CHECK=1 in the server's environment
     (the tests and benchmarks set it), every /server_info runs it."""
-    from .serving.runtime import current
-
-    serving = current()
     if serving is None or serving.cache is None:
         return None
     info = serving.pool_info()

@@ -33,7 +33,6 @@ from ..attention.reconstruction import reconstruction_attention
 from ..server_args_ext import data_plane_request
 from .data_plane import choose_data_plane
 from .reconstruction import ReconstructionPass, run_reconstruction
-from .runtime import current
 
 CPU_TILE = 256
 
@@ -60,7 +59,7 @@ def hook_hidden_inputs(model, store: dict) -> bool:
 class TangramAttnBackend(AttentionBackend):
     def __init__(self, model_runner):
         super().__init__()
-        self.serving = current()
+        self.serving = getattr(model_runner.token_to_kv_pool_allocator, "serving", None)
         if self.serving is None or self.serving.cache is None:
             raise RuntimeError("the tangram attention backend needs --tangram-profile")
         self.device = model_runner.device

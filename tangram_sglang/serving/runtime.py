@@ -2,10 +2,12 @@
 
 One object per scheduler process (the model runner lives in the same process),
 created before SGLang builds its memory pools. It is passed to what SGLang
-builds (the allocator, the radix tree); SGLang's hooks reach it through the
-tree SGLang threads everywhere (``serving_of(tree_cache)``), and only the
-constructors SGLang calls without context (the attention backend, the pool
-hooks) read ``current()``.
+builds (the allocator, the radix tree) and reached through them: SGLang's hooks
+through the tree it threads everywhere (``serving_of(tree_cache)``), the
+attention backend through the runner's allocator. The one place SGLang gives
+no context is between Scheduler.__init__ starting and the KV configurator's
+hooks: ``current()`` hands the object over there and is cleared once the
+scheduler is built.
 
 A request's progress has one owner: the pool's request record (its plan,
 chunks done, pages); RequestState keeps only what the pool does not know
@@ -47,7 +49,8 @@ _CURRENT: "TangramServing | None" = None
 
 
 def current() -> "TangramServing | None":
-    """The serving state of this process, or None when no profile is served."""
+    """The serving state being built by Scheduler.__init__ (the KV configurator's hooks read it),
+    or None: no profile, or the scheduler is built (readers then go through the tree/allocator)."""
     return _CURRENT
 
 
