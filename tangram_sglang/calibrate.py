@@ -28,6 +28,7 @@ from .profile import CalibrationMeta, ModelShape
 from .profile_builder import build_profile, make_entry, today, tool_version
 from .scorers import canonical_name, get_scorer
 from .split_map import device_parallel_capacity
+from .tensor_parallel import check_tp_size, regroup
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gate-steps", type=int, default=300, help="fastkvzip: Adam steps per layer's gate")
     ap.add_argument("--gate", default=None, help="fastkvzip: a gate file trained before (copied beside the "
                     "profile) instead of training one")
+    ap.add_argument("--tp-size", type=int, default=1,
+                    help="group heads within each of this many tensor-parallel ranks (the server's --tp-size)")
     ap.add_argument("--scope", choices=SCOPES, default="layer",
                     help="what the pilot's global top-k spans: one layer (paper Eq. 3) or all layers (as KVzip; "
                     "budgets then differ across layers too)")
@@ -80,6 +83,7 @@ def calibrate(args: argparse.Namespace) -> dict:
     """Run everything; returns the report dict."""
     t0 = time.perf_counter()
     shape = ModelShape.from_model_path(args.model_path)
+    check_tp_size(shape.num_kv_heads, args.tp_size)  # before hours of calibration, not after
     if not 1 <= args.heads_per_group <= shape.num_kv_heads:
         raise ValueError(f"--heads-per-group must be in [1, {shape.num_kv_heads}], got {args.heads_per_group}")
     ratios = tuple(dict.fromkeys(args.ratio))
@@ -127,6 +131,8 @@ def calibrate(args: argparse.Namespace) -> dict:
                            scorer_args=scorer_args, scope=args.scope)
     profile = build_profile(shape, meta, entries, heads_per_group=args.heads_per_group, grouping=args.grouping,
                             parallel_capacity=capacity, default_ratio=args.default_ratio)
+    if args.tp_size != 1:
+        profile = regroup(profile, args.tp_size)
     profile.save(args.output)
     report = regularity_report(cal, held, ratios, args.alpha, {
         "model": os.path.basename(os.path.normpath(args.model_path)), "method": args.method, "alpha": args.alpha,

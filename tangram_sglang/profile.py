@@ -23,6 +23,7 @@ File format ``tangram-profile`` version 1 (YAML)::
     grouping: budget_aware       # or adjacent
     parallel_capacity: 132       # CTAs the split maps were computed for
     default_ratio: 0.25          # entry served when no ratio is asked for
+    tp_size: 2                   # only when not 1: groups formed within each TP rank's KV heads
     entries:                     # one per target ratio
       - ratio: 0.25
         budgets: [[...H...] x L]    # b[l][h] in (0, 1]
@@ -146,6 +147,7 @@ class TangramProfile:
     parallel_capacity: int
     default_ratio: float
     entries: tuple[RatioEntry, ...]
+    tp_size: int = 1  # the TP size the groups were made for (tensor_parallel.py)
 
     @property
     def ratios(self) -> tuple[float, ...]:
@@ -181,6 +183,7 @@ class TangramProfile:
             "grouping": self.grouping,
             "parallel_capacity": self.parallel_capacity,
             "default_ratio": self.default_ratio,
+            **({"tp_size": self.tp_size} if self.tp_size != 1 else {}),  # TP = 1 files stay as they were
             "entries": [_entry_to_dict(e) for e in self.entries],
         }
 

@@ -189,5 +189,26 @@ def parse_profile(raw) -> TangramProfile:
     default = _ratio(raw.get("default_ratio", ratios[0]), "default_ratio")
     if not any(math.isclose(default, r, abs_tol=1e-9) for r in ratios):
         raise ProfileError("default_ratio", f"{default} is not one of the entries' ratios {ratios}")
+    tp_size = _int(raw.get("tp_size", 1), "tp_size")
+    _check_tp_grouping(model, hpg, entries, tp_size)
     return TangramProfile(model=model, calibration=calibration, heads_per_group=hpg, grouping=grouping,
-                          parallel_capacity=capacity, default_ratio=default, entries=entries)
+                          parallel_capacity=capacity, default_ratio=default, entries=entries, tp_size=tp_size)
+
+
+def _check_tp_grouping(model: ModelShape, hpg: int, entries, tp_size: int) -> None:
+    """A profile made for TP = t: heads shard evenly and no group spans two ranks' heads."""
+    from .tensor_parallel import check_tp_size, shard_groups, shards
+
+    check_tp_size(model.num_kv_heads, tp_size)
+    if tp_size == 1:
+        return
+    per_rank = max(1, model.num_kv_heads // tp_size)
+    if hpg > per_rank:
+        raise ProfileError("heads_per_group", f"{hpg} exceeds the {per_rank} KV heads a rank holds at "
+                                              f"tp_size {tp_size}")
+    for i, e in enumerate(entries):
+        for heads in shards(model.num_kv_heads, tp_size):
+            try:
+                shard_groups(e.groups, heads)
+            except ProfileError as exc:
+                raise ProfileError(f"entries[{i}].groups", f"{exc.problem} (tp_size {tp_size})") from None

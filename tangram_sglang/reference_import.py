@@ -24,6 +24,7 @@ from .budgets import MIN_BUDGET, budgets_from_stats
 from .profile import CalibrationMeta, ModelShape, TangramProfile
 from .profile_builder import build_profile, make_entry, today, tool_version
 from .split_map import DEFAULT_PARALLEL_CAPACITY
+from .tensor_parallel import regroup
 
 # The served shape of each reference model (HF config values). Hybrid models
 # list only their full-attention layers in the files: num_layers below is the
@@ -81,7 +82,7 @@ def rescale_to_target(raw: np.ndarray, ratio: float) -> np.ndarray:
 def reference_profile(scorer: str, model: str, ratios: list[float], *, alpha: float = 2.0,
                       heads_per_group: int = 4, grouping: str = "budget_aware",
                       parallel_capacity: int = DEFAULT_PARALLEL_CAPACITY,
-                      root: str | None = None) -> TangramProfile:
+                      root: str | None = None, tp_size: int = 1) -> TangramProfile:
     raw, meta = load_retention(scorer, model, root)
     arch, head_dim = REFERENCE_MODELS[model]
     shape = ModelShape(architecture=arch, num_layers=raw.shape[1], num_kv_heads=raw.shape[2], head_dim=head_dim)
@@ -100,8 +101,9 @@ def reference_profile(scorer: str, model: str, ratios: list[float], *, alpha: fl
                             num_samples=int(raw.shape[0]), sources=tuple(meta.get("sample_sources", ())),
                             chunk_size=int(meta.get("prefill_chunk", 0)), date=today(),
                             tool_version=tool_version(), note=note)
-    return build_profile(shape, calib, entries, heads_per_group=heads_per_group, grouping=grouping,
-                         parallel_capacity=parallel_capacity)
+    profile = build_profile(shape, calib, entries, heads_per_group=heads_per_group, grouping=grouping,
+                            parallel_capacity=parallel_capacity)
+    return regroup(profile, tp_size) if tp_size != 1 else profile
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,11 +116,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grouping", default="budget_aware")
     ap.add_argument("--parallel-capacity", type=int, default=DEFAULT_PARALLEL_CAPACITY)
     ap.add_argument("--root", default=None)
+    ap.add_argument("--tp-size", type=int, default=1, help="group within each of this many TP ranks' KV heads")
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args(argv)
     prof = reference_profile(args.scorer, args.model, args.ratio or [0.25], alpha=args.alpha,
                              heads_per_group=args.heads_per_group, grouping=args.grouping,
-                             parallel_capacity=args.parallel_capacity, root=args.root)
+                             parallel_capacity=args.parallel_capacity, root=args.root, tp_size=args.tp_size)
     prof.save(args.output)
     print(f"wrote {args.output}")
 
