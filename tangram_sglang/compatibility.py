@@ -13,8 +13,6 @@ import re
 from .profile import ProfileError
 
 OPTIONS = [  # (ServerArgs field, unsupported when, why)
-    ("tp_size", lambda v: (v or 1) > 1,
-     "tensor parallelism: the ragged pool and its head groups span all KV heads of a layer, a rank holds a share"),
     ("pp_size", lambda v: (v or 1) > 1, "pipeline parallelism: the pool is built for every layer in one process"),
     ("dp_size", lambda v: (v or 1) > 1, "data parallelism inside one server: run replicas behind sglang-router"),
     ("enable_dp_attention", bool, "DP attention: one pool per scheduler process is not coordinated across ranks"),
@@ -40,6 +38,21 @@ class UnsupportedOption(ProfileError):
     def __init__(self, option: str, why: str):
         ValueError.__init__(self, f"{option}: not supported with --tangram-profile ({why})")
         self.field, self.problem = option, why
+
+
+def check_tensor_parallel(server_args, profile) -> None:
+    """--tp-size t: the KV heads must shard evenly (the rank views regroup otherwise), and the
+    scorer must score a rank's heads on their own (KVzip's reconstruction pass re-runs SGLang's
+    layers inside the backend, which is not done across ranks)."""
+    from .tensor_parallel import check_tp_size
+
+    tp = getattr(server_args, "tp_size", 1) or 1
+    if tp == 1:
+        return
+    check_tp_size(profile.model.num_kv_heads, tp, profile.tp_size)
+    if profile.calibration.method == "kvzip":
+        raise UnsupportedOption(f"--tp-size {tp}", "a KVzip profile's reconstruction pass runs on one rank's "
+                                "layers only; serve its FastKVzip gate (calibrate --method fastkvzip) with TP")
 
 
 def check_server_args(server_args) -> None:

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from .compatibility import check_server_args
+from .compatibility import check_server_args, check_tensor_parallel
 from .profile import ModelShape, ProfileError, load_profile
 from .profile_scorer import check_scorer_weights
 
@@ -85,6 +85,7 @@ def attach_profile(server_args, profile_path: str | None, ratio: float | None,
     if model_path and os.path.isfile(os.path.join(model_path, "config.json")):
         profile.check_model(ModelShape.from_model_path(model_path))
     check_server_args(server_args)
+    check_tensor_parallel(server_args, profile)
     _check_data_plane(server_args, data_plane)
     # Bookkeeping attributes (leading underscore) are allowed on the sealed record.
     setattr(server_args, PROFILE_ATTR, path)

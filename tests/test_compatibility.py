@@ -22,7 +22,7 @@ def profile(tiny_llama, tmp_path):
 
 
 @pytest.mark.parametrize("extra,named", [
-    (["--tp-size", "2"], "--tp-size 2: not supported with --tangram-profile (tensor parallelism"),
+    (["--tp-size", "3"], "profile's groups were made for TP=1; --tp-size 3 cannot shard the model's 2 KV heads"),
     (["--dp-size", "2"], "--dp-size 2"),
     (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM"),
     (["--enable-hierarchical-cache"], "--enable-hierarchical-cache: not supported"),
@@ -37,6 +37,21 @@ def test_unsupported_option_stops_the_launch(tiny_llama, profile, capsys, extra,
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and named in err[0]
+
+
+def test_kvzip_profile_with_tensor_parallelism_is_refused(tiny_llama, tmp_path, capsys):
+    import dataclasses
+
+    from tangram_sglang.profile import load_profile
+
+    write_uniform(["--model-path", tiny_llama[0], "--ratio", "1.0", "-o", str(tmp_path / "u.yaml")])
+    prof = load_profile(str(tmp_path / "u.yaml"))
+    meta = dataclasses.replace(prof.calibration, method="kvzip", scorer_args={"prefix_ids": [1, 2, 3]})
+    dataclasses.replace(prof, calibration=meta).save(str(tmp_path / "k.yaml"))
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", str(tmp_path / "k.yaml"),
+                             "--tp-size", "2"])
+    assert "--tp-size 2: not supported with --tangram-profile (a KVzip profile" in capsys.readouterr().err
 
 
 def test_same_options_without_a_profile_are_sglangs_business(tiny_llama):

@@ -58,3 +58,21 @@ class KeyNormScorer(Scorer):
         if state is not None:
             state.tokens_seen += k.shape[0]
         return -k.float().norm(dim=-1).transpose(0, 1).contiguous()
+
+
+class HeadShard(Scorer):
+    """A scorer of all H KV heads restricted to one tensor-parallel rank's heads.
+
+    For scorers that read the layer's input hidden states (replicated on every rank), so they
+    rate every head; the rank keeps the rows of its own heads: float32 [len(heads), n]."""
+
+    def __init__(self, inner: Scorer, heads: list[int]):
+        self.inner, self.heads = inner, list(heads)
+        self.name, self.needs_hidden = inner.name, inner.needs_hidden
+        self.needs_reconstruction = inner.needs_reconstruction
+
+    def for_layer(self, layer: int) -> "Scorer":
+        return HeadShard(self.inner.for_layer(layer), self.heads)
+
+    def score(self, q, k, v, state=None, **kwargs):
+        return self.inner.score(q, k, v, state, **kwargs)[self.heads]

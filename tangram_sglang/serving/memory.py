@@ -63,14 +63,27 @@ def derive_pool_sizes(original, configurator, *args, **kwargs):
     if serving is None:
         return sizes
     mc = configurator.model_config
+    tp_size, tp_rank = _tensor_parallel(configurator)
     logical = serving.build_pool(mc.hf_config, stock_tokens=sizes.max_total_num_tokens,
                                  dtype=configurator.kv_cache_dtype, device=configurator.device,
-                                 page_size=PAGE_SIZE, num_q_heads=mc.num_attention_heads)
+                                 page_size=PAGE_SIZE, num_q_heads=mc.get_num_attention_heads(tp_size),
+                                 tp_size=tp_size, tp_rank=tp_rank)
     spec = serving.spec
-    logger.info("Tangram pool: %d pages of %d slots (%d B each, %.1f MiB) = the bytes of %d full-KV tokens; "
-                "%d virtual layers; logical token ids: %d", spec.num_pages, spec.page_size, spec.page_size_bytes,
+    rank = f" (TP rank {tp_rank} of {tp_size}: its {serving.entry.budgets.shape[1]} KV heads)" if tp_size > 1 else ""
+    logger.info("Tangram pool%s: %d pages of %d slots (%d B each, %.1f MiB) = the bytes of %d full-KV tokens; "
+                "%d virtual layers; logical token ids: %d", rank, spec.num_pages, spec.page_size, spec.page_size_bytes,
                 spec.pool_bytes / 2**20, sizes.max_total_num_tokens, spec.num_virtual, logical)
     return msgspec.structs.replace(sizes, max_total_num_tokens=logical)
+
+
+def _tensor_parallel(configurator) -> tuple[int, int]:
+    """(TP size, this rank): SGLang's parallel state is initialized before the pools are built."""
+    tp_size = int(getattr(configurator.server_args, "tp_size", 1) or 1)
+    if tp_size == 1:
+        return 1, 0
+    from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    return tp_size, int(get_tensor_model_parallel_rank())
 
 
 def build_token_to_kv_pool(original, configurator, *args, sizes, **kwargs):

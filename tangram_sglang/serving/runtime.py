@@ -41,6 +41,8 @@ from ..profile import ModelShape, TangramProfile, load_profile
 from ..protection import Protection, chunk_protection, min_keep
 from ..profile_scorer import profile_scorer
 from ..scorers import ScorerState
+from ..scorers.base import HeadShard
+from ..tensor_parallel import rank_view, shard_of_rank, shards
 from .block_tables import DeviceBlockTables
 
 DEFAULT_CHUNK = 512
@@ -112,7 +114,9 @@ class TangramServing:
         self.path = path
         self.protection = protection
         self.profile = profile
-        self.entry = profile.select(ratio)
+        self.ratio = ratio
+        self.entry = profile.select(ratio)  # replaced by this rank's view when the pool is built
+        self.tp = (1, 0)                    # (tp size, rank), set by build_pool
         self.chunk = chunk_size_of(profile)
         self.scorer = profile_scorer(profile, path)
         self.requests: dict[str, RequestState] = {}
@@ -134,26 +138,31 @@ class TangramServing:
 
     # -- pool construction ----------------------------------------------------------------------
     def build_pool(self, hf_config, *, stock_tokens: int, dtype: torch.dtype, device, page_size: int,
-                   num_q_heads: int) -> int:
-        """Size the ragged pool from the bytes stock SGLang would give its KV cache.
+                   num_q_heads: int, tp_size: int = 1, tp_rank: int = 0) -> int:
+        """Size the ragged pool from the bytes stock SGLang would give its KV cache (one rank's:
+        num_q_heads and the KV heads are the rank's share; tensor_parallel.rank_view).
 
         Returns the logical token capacity SGLang's allocator should get: enough ids for
         every token the pages could ever hold, so pages (not ids) are what binds.
         """
-        shape = ModelShape.from_hf_config(hf_config)
-        self.profile.check_model(shape)
+        self.profile.check_model(ModelShape.from_hf_config(hf_config))
+        view = rank_view(self.profile, tp_size, tp_rank)
+        self.entry, self.tp, shape = view.select(self.ratio), (tp_size, tp_rank), view.model
+        if tp_size > 1 and self.scorer.needs_hidden:  # gates rate all heads: keep this rank's
+            H = self.profile.model.num_kv_heads
+            self.scorer = HeadShard(self.scorer, shards(H, tp_size)[shard_of_rank(H, tp_size, tp_rank)])
         itemsize = torch.empty((), dtype=dtype).element_size()
         dtype_name = str(dtype).replace("torch.", "")
         self.full_kv_token_bytes = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * itemsize
         self.stock_tokens = int(stock_tokens)
         spec = PoolSpec.for_bytes(self.stock_tokens * self.full_kv_token_bytes,
                                   num_layers=shape.num_layers, num_groups=self.entry.num_groups,
-                                  heads_per_group=self.profile.heads_per_group, head_dim=shape.head_dim,
+                                  heads_per_group=view.heads_per_group, head_dim=shape.head_dim,
                                   page_size=page_size, dtype=dtype_name)
         self.cache = RaggedKVCache(spec, self.entry.group_budget)
         self.data = KVPageData(spec, device=device)
         self.metas = build_layer_metas(self.entry, num_q_heads=num_q_heads, num_kv_heads=shape.num_kv_heads,
-                                       heads_per_group=self.profile.heads_per_group, device=device)
+                                       heads_per_group=view.heads_per_group, device=device)
         self.split_rows = make_split_rows(self.entry.split_map, device=device)
         self.tables = DeviceBlockTables(shape.num_layers, self.entry.num_groups, page_size, device)
         slots_per_token = float(self.entry.group_budget.sum())
@@ -337,7 +346,7 @@ class TangramServing:
             "saved_vs_full_kv": (1.0 - held_bytes / full_bytes) if full_bytes else 0.0,
             "stock_kv_tokens_same_bytes": self.stock_tokens, "chunk_tokens": self.chunk,
             "max_prompt_tokens": self.max_prompt_tokens(),
-            "data_plane": self.data_plane,
+            "data_plane": self.data_plane, "tp_size": self.tp[0], "tp_rank": self.tp[1],
             "running_requests": len(self.requests), "scorer_state_bytes": self.scorer_state_bytes(),
             **self.counters.__dict__,
         }
