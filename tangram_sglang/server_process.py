@@ -6,6 +6,7 @@ goes to a log file; a launch that exits early raises with the log's tail.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -35,13 +36,20 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float | None = None) -> "ServerProcess":
-        timeout = self.start_timeout if timeout is None else timeout
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> "ServerProcess":
+        """Start the process without waiting (start several, then wait_ready each)."""
         if self._healthy() or not self._port_free():
             # Another server there would answer our health check and our requests.
             raise RuntimeError(f"port {self.port} on 127.0.0.1 is already in use; pick another port")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> "ServerProcess":
+        timeout = self.start_timeout if timeout is None else timeout
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -88,3 +96,67 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def start_all(servers: list[ServerProcess]) -> list[ServerProcess]:
+    """Launch every server, then wait for each (they load side by side); on a failure stop them all."""
+    try:
+        for s in servers:
+            s.launch()
+        return [s.wait_ready() for s in servers]
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+
+
+class RouterProcess:
+    """sglang-router (``python -m sglang_router.launch_router``) in front of running servers.
+
+    policy: cache_aware (a request goes to the worker whose request history shares the longest
+    prefix with it, unless the load is unbalanced), round_robin, random, power_of_two."""
+
+    def __init__(self, worker_urls: list[str], *, port: int = 30000, policy: str = "cache_aware",
+                 log_path: str | None = None, start_timeout: float = 120, extra_args: list[str] | None = None):
+        self.port, self.start_timeout = port, start_timeout
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path or os.path.join("/tmp", f"tangram-router-{port}.log")
+        self.args = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
+                     str(port), "--policy", policy, "--worker-urls", *worker_urls, "--log-level", "warn",
+                     "--prometheus-host", "127.0.0.1", "--prometheus-port", str(port + 1000),  # not its shared 29000
+                     *(extra_args or [])]
+        self.num_workers = len(worker_urls)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "RouterProcess":
+        try:
+            import sglang_router  # noqa: F401
+        except ImportError:
+            raise RuntimeError("sglang-router is not installed: run `bash launch/setup.sh` (it pins "
+                               "sglang-router==0.3.2)") from None
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + self.start_timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"router exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            if self._healthy():
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"router not ready after {self.start_timeout} s:\n{self.log_tail()}")
+
+    def _healthy(self) -> bool:
+        """Ready once the router counts every worker healthy (before that it answers 503)."""
+        try:
+            with urllib.request.urlopen(self.url + "/readiness", timeout=5) as r:
+                return r.status == 200 and json.loads(r.read()).get("healthy_workers") == self.num_workers
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
+            return False
+
+    log_tail = ServerProcess.log_tail
+    stop = ServerProcess.stop
+    __exit__ = ServerProcess.__exit__
+
+    def __enter__(self) -> "RouterProcess":
+        return self.start()
