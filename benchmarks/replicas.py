@@ -32,8 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tangram_sglang.server_process import RouterProcess, ServerProcess, start_all  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = ("README.md", "../shared/DESIGN.md") if os.path.isfile(os.path.join(ROOT, "../shared/DESIGN.md")) \
-    else ("README.md",)
+CORPUS = ("README.md",)
 
 
 def log(msg: str) -> None:
@@ -134,10 +133,10 @@ def report(rows: list[dict], args) -> list[str]:
              f"--concurrency {args.concurrency} --max-total-tokens {args.max_total_tokens}`", "",
              f"{args.sessions} sessions x {args.turns} turns ({args.words} words per user message, "
              f"{args.max_new_tokens} tokens per answer, {args.concurrency} sessions at a time), "
-             f"profile {args.profile} at ratio {args.ratio}; replicas of {args.max_total_tokens} stock KV tokens' "
+             f"profile {os.path.relpath(args.profile, ROOT)} at ratio {args.ratio}; replicas of {args.max_total_tokens} stock KV tokens' "
              f"bytes each, single server {2 * args.max_total_tokens}. Wall times from one run on a shared machine: "
              "compare as ratios.", "",
-             "| setting | turns | wall s | turns / s | vs single | turn-2+ reuse | requests per replica |",
+             "| setting | turns | wall s | turns / s | vs single | turn-2+ reuse | admissions per replica |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         rel = f"{r['turns_per_s'] / base['turns_per_s']:.2f}x" if base else "-"
@@ -161,7 +160,14 @@ def main(argv=None) -> None:
     ap.add_argument("--settings", nargs="+", default=["cache_aware", "round_robin", "single"])
     ap.add_argument("--port", type=int, default=31800)
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results/replicas"))
+    ap.add_argument("--report-only", action="store_true", help="rewrite the table from --out.json")
     args = ap.parse_args(argv)
+    if args.report_only:
+        with open(args.out + ".json") as f:
+            rows = json.load(f)["rows"]
+        with open(args.out + ".md", "w") as f:
+            f.write("\n".join(report(rows, args)) + "\n")
+        return
     messages = user_messages(args.sessions, args.turns, args.words)
     rows = [run_setting(name, args, messages) for name in args.settings]
     lines = report(rows, args)
