@@ -62,8 +62,9 @@ def _publish(reporter, serving) -> None:
     """The pool's log line and its Prometheus gauges (with --enable-metrics)."""
     from .serving.metrics import report
 
-    logger.info(serving.log_line())
-    report(reporter, serving)
+    info = serving.pool_info()  # once: the log line and the gauges read the same counters
+    logger.info(serving.log_line(info))
+    report(reporter, serving, info)
 
 
 def _log_decode_pool(result, reporter, *args, **kwargs):

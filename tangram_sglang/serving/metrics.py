@@ -47,11 +47,11 @@ class TangramGauges:
             (gauge.labels(**self.labels) if self.labels else gauge).set(float(info[key]))
 
 
-def report(reporter, serving) -> None:
-    """Set the gauges from serving's pool, if this scheduler exports metrics (else nothing)."""
+def report(reporter, serving, info: dict) -> None:
+    """Set the gauges from serving's pool_info(), if this scheduler exports metrics (else nothing)."""
     collector = getattr(reporter, "metrics_collector", None)
     if not getattr(reporter, "enable_metrics", False) or collector is None:
         return
     if serving.gauges is None:
         serving.gauges = TangramGauges(collector.labels)
-    serving.gauges.update(serving.pool_info())
+    serving.gauges.update(info)

@@ -203,13 +203,11 @@ class TangramServing:
         """The longest prompt the pool can ever serve (alone, no prefix, one generated token);
         computed once (binary search over exact plans)."""
         if self._max_prompt is None:
-            lo, hi = 0, 1
-            while self._pages_alone(hi, 1) <= self.spec.num_pages:
-                lo, hi = hi, hi * 2
-            while lo < hi - 1:  # invariant: lo fits (or is 0), hi does not
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if self._pages_alone(mid, 1) <= self.spec.num_pages else (lo, mid)
-            self._max_prompt = lo
+            fits = lambda n: self._pages_alone(n, 1) <= self.spec.num_pages  # noqa: E731
+            hi = 1
+            while fits(hi):
+                hi *= 2
+            self._max_prompt = _largest_fitting(fits, hi // 2, hi)
         return self._max_prompt
 
     def max_decode_tokens(self, prompt_tokens: int, wanted: int) -> int:
@@ -219,12 +217,10 @@ class TangramServing:
         (scheduling.refuse_never_fitting) refuses it next, naming the pool's pages."""
         if prompt_tokens <= 0 or self._pages_alone(prompt_tokens, 1) > self.spec.num_pages:
             return max(0, wanted)
-        lo, hi = 1, max(1, wanted)
-        if self._pages_alone(prompt_tokens, hi) <= self.spec.num_pages:
+        fits = lambda d: self._pages_alone(prompt_tokens, d) <= self.spec.num_pages  # noqa: E731
+        if fits(max(1, wanted)):
             return max(0, wanted)
-        while lo < hi - 1:  # invariant: lo fits, hi does not
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self._pages_alone(prompt_tokens, mid) <= self.spec.num_pages else (lo, mid)
+        lo = _largest_fitting(fits, 1, max(1, wanted))
         self.counters.capped += 1
         logger.warning("Tangram: max_new_tokens capped from %d to %d: the ragged pool (%d pages) can hold no more "
                        "for a %d-token prompt", wanted, lo, self.spec.num_pages, prompt_tokens)
@@ -371,8 +367,8 @@ class TangramServing:
             if req.prefill_done else 0
         return state.prefix_tokens + done + decoded - state.published_tokens
 
-    def log_line(self) -> str:
-        i = self.pool_info()
+    def log_line(self, info: dict | None = None) -> str:
+        i = self.pool_info() if info is None else info
         return (f"tangram pages: {i['pages_used']}/{i['pages_total']} used "
                 f"({i['pages_held_by_tree']} in tree), saved {100 * i['saved_vs_full_kv']:.1f}% of full KV")
 
@@ -448,6 +444,14 @@ class TangramServing:
     def _note_peak(self) -> None:
         used = self.spec.num_pages - self.cache.pool.num_free
         self.counters.peak_pages_used = max(self.counters.peak_pages_used, used)
+
+
+def _largest_fitting(fits, lo: int, hi: int) -> int:
+    """The largest n in [lo, hi) with fits(n), given fits is monotone, fits(lo) (or lo == 0) and not fits(hi)."""
+    while lo < hi - 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 @dataclass
