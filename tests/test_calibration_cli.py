@@ -89,3 +89,10 @@ def test_calibrate_fastkvzip_writes_gates_named_in_the_profile(tmp_path):
                  "-o", str(tmp_path / "x.yaml")]) == 2
     assert main(["--model-path", smollm2_folder(), "--method", "fastkvzip", "--gate", str(tmp_path / "no.st"),
                  "--ratio", "0.5", "--samples", "1", "--heldout", "0", "-o", str(tmp_path / "y.yaml")]) == 2
+
+
+def test_calibrate_refuses_a_tp_size_the_heads_cannot_shard_before_calibrating(tmp_path, capsys):
+    assert main(["--model-path", smollm2_folder(), "--method", "snapkv", "--ratio", "0.5", "--tp-size", "2",
+                 "-o", str(tmp_path / "p.yaml")]) == 2
+    assert "--tp-size 2 cannot shard the model's 3 KV heads" in capsys.readouterr().err
+    assert not (tmp_path / "p.yaml").exists()

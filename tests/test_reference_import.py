@@ -73,3 +73,14 @@ def test_real_reference_files_import_at_real_shapes():
     assert e.budgets.shape == (32, 8) and e.split_map.shape == (32, 2)
     np.testing.assert_allclose(e.mean.mean(axis=1), 0.25, atol=0.02)  # rescaled per layer (clipping aside)
     assert (e.budgets >= e.mean - 1e-12).all() and (e.budgets <= 1).all()
+
+
+def test_cli_tp_size_groups_within_ranks(tmp_path):
+    raw = np.array([[[0.1, 0.9, 0.2, 0.8]], [[0.2, 0.7, 0.1, 0.9]]])  # [S, L=1, H=4]
+    write_fake(str(tmp_path / "ref"), raw=raw)
+    out = str(tmp_path / "p.yaml")
+    main(["--scorer", "snapkv", "--model", "llama-3.1-8b-instruct", "--ratio", "0.5", "--heads-per-group", "2",
+          "--tp-size", "2", "--root", str(tmp_path / "ref"), "-o", out])
+    prof = load_profile(out)
+    assert prof.tp_size == 2 and prof.heads_per_group == 2
+    assert sorted(map(sorted, prof.select().groups[0])) == [[0, 1], [2, 3]]  # never across the two ranks
