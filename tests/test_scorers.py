@@ -172,3 +172,26 @@ def test_uniform_spreads_the_global_budget_evenly():
     assert torch.equal(s, torch.zeros(3, 10))
     assert global_topk_counts(s, 0.5).tolist() == [5, 5, 5]
     assert per_head_topk_indices(s, 2)[1].tolist() == [9, 8]
+
+
+def test_head_shard_keeps_a_ranks_rows_of_a_scorer_of_all_heads():
+    """TP: a gate scorer rates all H heads from the replicated hidden states; a rank keeps its own."""
+    from tangram_sglang.scorers.base import HeadShard, Scorer
+
+    class PerLayer(Scorer):
+        name, needs_hidden = "fake", True
+
+        def __init__(self, layer=0):
+            self.layer = layer
+
+        def for_layer(self, layer):
+            return PerLayer(layer)
+
+        def score(self, q, k, v, state=None, hidden=None):
+            return hidden.T[:4] + 100 * self.layer    # [H=4, n] from the hidden states
+
+    hidden = torch.arange(12.0).view(3, 4)             # n = 3 tokens, D = 4
+    k = torch.zeros(3, 2, 8)                           # the rank's 2 KV heads
+    shard = HeadShard(PerLayer(), [2, 3]).for_layer(1)
+    assert shard.needs_hidden and shard.name == "fake"
+    torch.testing.assert_close(shard.score(None, k, k, None, hidden=hidden), hidden.T[2:4] + 100)
