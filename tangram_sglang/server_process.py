@@ -49,16 +49,7 @@ class ServerProcess:
         return self
 
     def wait_ready(self, timeout: float | None = None) -> "ServerProcess":
-        timeout = self.start_timeout if timeout is None else timeout
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {self.proc.returncode}:\n{self.log_tail()}")
-            if self._healthy():
-                return self
-            time.sleep(1)
-        self.stop()
-        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log_tail()}")
+        return _wait_healthy(self, "server", self.start_timeout if timeout is None else timeout, poll_s=1.0)
 
     def _port_free(self) -> bool:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -96,6 +87,19 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _wait_healthy(child, what: str, timeout: float, poll_s: float):
+    """Poll child._healthy() until it answers; an exit or the timeout raises with the log's tail."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if child.proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {child.proc.returncode}:\n{child.log_tail()}")
+        if child._healthy():
+            return child
+        time.sleep(poll_s)
+    child.stop()
+    raise TimeoutError(f"{what} not ready after {timeout} s:\n{child.log_tail()}")
 
 
 def start_all(servers: list[ServerProcess]) -> list[ServerProcess]:
@@ -136,15 +140,7 @@ class RouterProcess:
                                "sglang-router==0.3.2)") from None
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + self.start_timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"router exited with code {self.proc.returncode}:\n{self.log_tail()}")
-            if self._healthy():
-                return self
-            time.sleep(0.5)
-        self.stop()
-        raise TimeoutError(f"router not ready after {self.start_timeout} s:\n{self.log_tail()}")
+        return _wait_healthy(self, "router", self.start_timeout, poll_s=0.5)
 
     def _healthy(self) -> bool:
         """Ready once the router counts every worker healthy (before that it answers 503)."""
