@@ -1,6 +1,8 @@
 """Two Tangram replicas behind sglang-router (the pinned registry package): the cache-aware policy
 keeps a conversation on the replica that holds its compressed history; round-robin does not."""
 
+import os
+
 import pytest
 
 from served import generate, get_status
@@ -9,6 +11,7 @@ from tangram_sglang.server_process import RouterProcess, ServerProcess, start_al
 pytestmark = pytest.mark.slow
 
 PORT = 31771
+PROFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "smollm2-fastkvzip.yaml")
 SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
 QUESTIONS = ["Name three rivers of Europe and one fact about each of them.",
              "Which of them is the longest, and which countries does it cross?",
@@ -17,7 +20,7 @@ QUESTIONS = ["Name three rivers of Europe and one fact about each of them.",
 
 @pytest.fixture(scope="module")
 def replicas(smollm2_path):
-    servers = [ServerProcess(smollm2_path, port=PORT + 1 + i, profile="configs/smollm2-fastkvzip.yaml",
+    servers = [ServerProcess(smollm2_path, port=PORT + 1 + i, profile=PROFILE,
                              extra_args=["--max-total-tokens", "4096", "--tangram-ratio", "0.5"],
                              log_path=f"/tmp/tangram-test-replica-{i}.log") for i in range(2)]
     try:
