@@ -56,7 +56,7 @@ def row(profile, entry, hpg: int, t: int) -> dict:
                  for heads in shards(H, t)]
     grouped = regroup(profile, t).entries[profile.entries.index(entry)]
     replicas = max(1, t // H)  # t > H: each shard is held by t / H ranks
-    served = float(sum(hp * b.sum() for b in equalized_betas(grouped, H, t))) * replicas
+    served = float(sum(hp * b.sum() for b in equalized_betas(grouped.budgets, grouped.groups, H, t))) * replicas
     views = [rank_view(profile, t, r).entries[profile.entries.index(entry)] for r in range(t)]
     per_rank = {round(float(hp * v.group_budget.sum()), 9) for v in views}
     assert len(per_rank) == 1, "ranks must need the same slots"  # the invariant the design rests on

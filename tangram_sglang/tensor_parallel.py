@@ -28,7 +28,7 @@ import logging
 import numpy as np
 
 from .grouping import Groups, group_budgets, group_heads
-from .profile import ModelShape, ProfileError, RatioEntry, TangramProfile
+from .profile import ProfileError, RatioEntry, TangramProfile
 from .split_map import profile_split_map
 
 logger = logging.getLogger("tangram_sglang")
@@ -79,22 +79,16 @@ def group_for_tp(budgets: np.ndarray, heads_per_group: int, strategy: str, tp_si
 def regroup(profile: TangramProfile, tp_size: int) -> TangramProfile:
     """The same calibrated budgets grouped for ``tp_size`` (no recalibration); split maps are
     those of each shard's rank view, shard-major."""
-    check_tp_size(profile.model.num_kv_heads, tp_size, profile.tp_size)
-    hpg = heads_per_group_for(profile.model.num_kv_heads, tp_size, profile.heads_per_group)
+    H = profile.model.num_kv_heads
+    check_tp_size(H, tp_size, profile.tp_size)
+    hpg = heads_per_group_for(H, tp_size, profile.heads_per_group)
     entries = []
     for e in profile.entries:
         groups = group_for_tp(e.budgets, hpg, profile.grouping, tp_size)
-        draft = dataclasses.replace(e, groups=groups, split_map=np.ones((len(groups), len(groups[0])), np.int64))
-        entries.append(dataclasses.replace(draft, split_map=_shard_major_split_map(
-            draft, profile.model.num_kv_heads, tp_size, hpg, profile.parallel_capacity)))
+        views = shard_views(e, groups, H, tp_size, profile.parallel_capacity)
+        entries.append(dataclasses.replace(e, groups=groups,
+                                           split_map=np.concatenate([v.split_map for v in views], axis=1)))
     return dataclasses.replace(profile, heads_per_group=hpg, tp_size=tp_size, entries=tuple(entries))
-
-
-def _shard_major_split_map(entry: RatioEntry, num_kv_heads: int, tp_size: int, hpg: int,
-                           capacity: int) -> np.ndarray:
-    views = [_entry_view(entry, num_kv_heads, tp_size, s, hpg, capacity)
-             for s in range(len(shards(num_kv_heads, tp_size)))]
-    return np.concatenate([v.split_map for v in views], axis=1)
 
 
 def shard_groups(groups: Groups, heads: list[int]) -> Groups:
@@ -111,12 +105,12 @@ def shard_groups(groups: Groups, heads: list[int]) -> Groups:
     return out
 
 
-def equalized_betas(entry: RatioEntry, num_kv_heads: int, tp_size: int) -> list[np.ndarray]:
+def equalized_betas(budgets: np.ndarray, groups: Groups, num_kv_heads: int, tp_size: int) -> list[np.ndarray]:
     """Per shard float [L, G_local]: each virtual layer's beta raised so every shard holds the same
-    multiset of betas (the elementwise max over shards of the sorted betas, put back in place)."""
-    parts = shards(num_kv_heads, tp_size)
-    betas = [group_budgets(entry.budgets, [[g for g in layer if g[0] in set(heads)] for layer in entry.groups])
-             for heads in parts]
+    multiset of betas (the elementwise max over shards of the sorted betas, put back in place).
+    budgets float [L, H]; groups [L][G] global head ids, none spanning shards."""
+    parts = [set(heads) for heads in shards(num_kv_heads, tp_size)]
+    betas = [group_budgets(budgets, [[g for g in layer if g[0] in heads] for layer in groups]) for heads in parts]
     if len({b.shape for b in betas}) != 1:
         raise ProfileError("entries.groups", "shards hold different numbers of groups")
     orders = [np.argsort(b.ravel(), kind="stable") for b in betas]
@@ -129,19 +123,22 @@ def equalized_betas(entry: RatioEntry, num_kv_heads: int, tp_size: int) -> list[
     return out
 
 
-def _entry_view(entry: RatioEntry, num_kv_heads: int, tp_size: int, shard: int, hpg: int,
-                capacity: int) -> RatioEntry:
-    heads = shards(num_kv_heads, tp_size)[shard]
-    groups = shard_groups(entry.groups, heads)
-    beta = equalized_betas(entry, num_kv_heads, tp_size)[shard]
-    budgets = entry.budgets[:, heads].copy()
-    for layer, layer_groups in enumerate(groups):
-        for g, members in enumerate(layer_groups):
-            top = members[int(np.argmax(budgets[layer, members]))]
-            budgets[layer, top] = beta[layer, g]  # the group's beta becomes the equalized one
-    return RatioEntry(ratio=entry.ratio, budgets=budgets, groups=groups,
-                      split_map=profile_split_map(budgets, groups, capacity),
-                      mean=entry.mean[:, heads], std=entry.std[:, heads])
+def shard_views(entry: RatioEntry, groups: Groups, num_kv_heads: int, tp_size: int,
+                capacity: int) -> list[RatioEntry]:
+    """Each shard's entry under ``groups``: its heads (local ids), the equalized betas (each group's
+    highest-budget head raised to it) and its split map."""
+    views = []
+    for heads, beta in zip(shards(num_kv_heads, tp_size), equalized_betas(entry.budgets, groups, num_kv_heads,
+                                                                          tp_size)):
+        local = shard_groups(groups, heads)
+        budgets = entry.budgets[:, heads].copy()
+        for layer, layer_groups in enumerate(local):
+            for g, members in enumerate(layer_groups):
+                budgets[layer, members[int(np.argmax(budgets[layer, members]))]] = beta[layer, g]
+        views.append(RatioEntry(ratio=entry.ratio, budgets=budgets, groups=local,
+                                split_map=profile_split_map(budgets, local, capacity),
+                                mean=entry.mean[:, heads], std=entry.std[:, heads]))
+    return views
 
 
 def rank_view(profile: TangramProfile, tp_size: int, rank: int) -> TangramProfile:
@@ -156,12 +153,7 @@ def rank_view(profile: TangramProfile, tp_size: int, rank: int) -> TangramProfil
         return profile
     H = profile.model.num_kv_heads
     shard = shard_of_rank(H, tp_size, rank)
-    entries = tuple(_entry_view(e, H, tp_size, shard, profile.heads_per_group, profile.parallel_capacity)
-                    for e in profile.entries)
+    entries = tuple(shard_views(e, e.groups, H, tp_size, profile.parallel_capacity)[shard] for e in profile.entries)
     model = dataclasses.replace(profile.model, num_kv_heads=len(shards(H, tp_size)[shard]))
     return dataclasses.replace(profile, model=model, entries=entries, tp_size=1)
 
-
-def local_shape(shape: ModelShape, tp_size: int) -> ModelShape:
-    """The model shape one rank holds (its KV heads)."""
-    return dataclasses.replace(shape, num_kv_heads=max(1, shape.num_kv_heads // tp_size))

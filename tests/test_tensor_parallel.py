@@ -85,7 +85,8 @@ def test_rank_views_need_the_same_slots_and_keep_each_heads_budget(t, hpg):
                 for g, members in enumerate(groups):  # every head keeps at least its calibrated budget
                     assert local.group_budget[layer, g] >= max(e.budgets[layer, heads[h]] for h in members)
             assert local.split_map.shape == local.group_budget.shape and local.split_map.min() >= 1
-    assert all(len(b) for b in equalized_betas(regroup(prof, t).entries[0], 8, t))
+    grouped = regroup(prof, t).entries[0]
+    assert all(len(b) for b in equalized_betas(grouped.budgets, grouped.groups, 8, t))
 
 
 def test_tp1_view_is_the_profile():

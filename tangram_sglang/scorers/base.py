@@ -67,7 +67,11 @@ class HeadShard(Scorer):
     rate every head; the rank keeps the rows of its own heads: float32 [len(heads), n]."""
 
     def __init__(self, inner: Scorer, heads: list[int]):
-        self.inner, self.heads = inner, list(heads)
+        heads = list(heads)
+        if heads != list(range(heads[0], heads[0] + len(heads))):
+            raise ValueError(f"a rank holds contiguous KV heads, got {heads}")
+        self.inner, self.heads = inner, heads
+        self.rows = slice(heads[0], heads[0] + len(heads))  # a view, no copy per layer and chunk
         self.name, self.needs_hidden = inner.name, inner.needs_hidden
         self.needs_reconstruction = inner.needs_reconstruction
 
@@ -75,4 +79,4 @@ class HeadShard(Scorer):
         return HeadShard(self.inner.for_layer(layer), self.heads)
 
     def score(self, q, k, v, state=None, **kwargs):
-        return self.inner.score(q, k, v, state, **kwargs)[self.heads]
+        return self.inner.score(q, k, v, state, **kwargs)[self.rows]
