@@ -74,6 +74,30 @@ def test_decode_past_reservation_uses_free_pages_then_refuses():
     assert c.pool.num_free == 8
 
 
+def test_reserved_decode_step_cannot_be_taken_by_a_later_admission():
+    """SGLang's capacity check reserves the next step's pages; an admission between the check
+    and the step cannot take them, so the step never runs out."""
+    c = _cache(num_pages=8, page_size=1, beta=np.array([[1.0]]))
+    c.admit("a", chunk_tokens=[2], decode_tokens=1)
+    c.prefill_chunk("a", 2)
+    assert c.decode(["a"]) is not None          # uses the planned decode page
+    assert c.reserve_decode_step(["a"]) and c.pool.reserved == 1
+    assert c.reserve_decode_step(["a"]) and c.pool.reserved == 1  # idempotent
+    c.check_integrity()
+    assert c.admit("b", chunk_tokens=[5], decode_tokens=0) is None  # 5 free, 1 of them reserved
+    c.admit("b", chunk_tokens=[4], decode_tokens=0)
+    c.prefill_chunk("b", 4)
+    assert c.pool.available == 0
+    assert c.decode(["a"]) is not None          # the reserved page
+    c.check_integrity()
+    assert not c.reserve_decode_step(["a"]) and c.pool.reserved == 0  # nothing left: SGLang retracts
+    c.abort("b")
+    assert c.reserve_decode_step(["a", "gone"])  # unknown rids are skipped
+    c.abort("a")                                 # the step's page goes back with the request
+    assert c.pool.reserved == 0 and c.pool.num_free == 8
+    c.check_integrity()
+
+
 def _run(c, data, rid, chunks, decode, prefix=(), values=None):
     """Admit, copy, prefill and decode a request writing value (tag) into every slot.
 

@@ -79,8 +79,15 @@ class PoolModel:
             assert np.array_equal(self.cache.request_pages_taken(rid), req.plan.prefill_pages)
             assert np.array_equal(req.reserved_left, req.plan.decode_pages)
 
-    def decode(self, rids):
+    def decode(self, rids, checked=False):
+        """checked: as served, SGLang's capacity check reserves the step's pages first (then the
+        step cannot fail; a failed check retracts)."""
+        if checked and not self.cache.reserve_decode_step(rids):
+            self.retract(rids[0])
+            return
+        self.check()
         out = self.cache.decode(rids)
+        assert out is not None or not checked, "a checked decode step ran out of pages"
         if out is None:
             self.retract(rids[0])
             return
@@ -154,7 +161,7 @@ def random_op(model: PoolModel, rng: random.Random) -> None:
     elif choice < 0.5 and pending:
         model.prefill(rng.choice(pending))
     elif choice < 0.7 and ready:
-        model.decode(rng.sample(ready, rng.randint(1, len(ready))))
+        model.decode(rng.sample(ready, rng.randint(1, len(ready))), checked=rng.random() < 0.5)
     elif choice < 0.8:
         model.finish(rng.choice([r for r, _ in reqs]))
     elif choice < 0.85:
@@ -205,10 +212,10 @@ class PoolMachine(RuleBasedStateMachine):
         self.model.prefill(data.draw(st.sampled_from(pending)))
 
     @precondition(lambda self: any(q.prefill_done for q in self.model.cache.requests.values()))
-    @rule(data=st.data())
-    def decode(self, data):
+    @rule(data=st.data(), checked=st.booleans())
+    def decode(self, data, checked):
         ready = [r for r, q in self.model.cache.requests.items() if q.prefill_done]
-        self.model.decode(data.draw(st.lists(st.sampled_from(ready), min_size=1, unique=True)))
+        self.model.decode(data.draw(st.lists(st.sampled_from(ready), min_size=1, unique=True)), checked)
 
     @precondition(lambda self: self.model.cache.requests)
     @rule(data=st.data(), cache=st.booleans())

@@ -7,7 +7,8 @@
    request may write (columns from its prefix's end on) belong to no other live request,
    and each of them is claimed (fill == P) so no newcomer writes into it.
 4. Reservations: per request reserved_left >= 0, taken + reserved_left == plan pages while
-   inside the plan, sum of reserved_left == pool.reserved; npages == ceil(lens / P).
+   inside the plan and at most 1 (the next decode step's page, reserve_decode_step) past it,
+   sum of reserved_left == pool.reserved; npages == ceil(lens / P).
 5. Arena: every live request has its own slot of the cache's PageArena, none of them free.
 6. Counters: the segment store's per-page references and pages held match its segments.
 """
@@ -30,9 +31,11 @@ def _check_request(rid, req, P: int) -> np.ndarray:
         raise PoolError(f"request {rid!r}: npages != ceil(lens / P)")
     if np.any(req.reserved_left < 0):
         raise PoolError(f"request {rid!r}: negative reservation left")
-    over = np.maximum(req.taken - req.plan.pages, 0)  # decode past the reserved room
-    if not np.array_equal(req.taken + req.reserved_left - over, req.plan.pages):
+    inside = req.taken < req.plan.pages
+    if not np.array_equal((req.taken + req.reserved_left)[inside], req.plan.pages[inside]):
         raise PoolError(f"request {rid!r}: taken + reserved_left != reserved pages")
+    if np.any(req.reserved_left[~inside] > 1):  # past its plan: at most the next decode step's page
+        raise PoolError(f"request {rid!r}: more than one page reserved past its plan")
     first = req.plan.prefix_slots // P
     counts = np.maximum(pages.npages - first, 0)
     rows, pos = ragged_index(counts)

@@ -224,6 +224,20 @@ class RaggedKVCache:
         lens, left = self.arena.lens[slots], self.arena.reserved_left[slots]
         return int(((lens % self.spec.page_size == 0) & (left <= 0)).sum())
 
+    def reserve_decode_step(self, rids) -> bool:
+        """Reserve the pages the next decode step of rids opens beyond their reservations (one per
+        (request, v) whose plan is used up and whose last page is full), so that step cannot run
+        out whatever happens before it; False (nothing changes) when they are not available.
+        Idempotent: reserved pages count as room. Live rids only, each at most once."""
+        slots = np.fromiter((self.requests[r].pages.slot for r in rids if r in self.requests), dtype=np.int64)
+        A = self.arena
+        left = A.reserved_left[slots]
+        need = (A.lens[slots] % self.spec.page_size == 0) & (left <= 0)
+        if not self.pool.reserve(int(need.sum())):
+            return False
+        A.reserved_left[slots] = left + need
+        return True
+
     def decode_step(self, rids, *, locs: bool = True) -> DecodeStep | None:
         """decode() for the whole batch in a few [B, V] array operations (no loop over requests
         or virtual layers); also returns the pages it opened (for the device block tables).

@@ -36,7 +36,7 @@ from ..attention import build_layer_metas, make_split_rows
 from ..attention.compression import ChunkPlan
 from ..pool import RaggedKVCache
 from ..pool.page_data import KVPageData
-from ..pool.spec import PoolSpec, RequestTooLargeError
+from ..pool.spec import PoolError, PoolSpec, RequestTooLargeError
 from ..profile import ModelShape, TangramProfile, load_profile
 from ..protection import Protection, chunk_protection, min_keep
 from ..profile_scorer import profile_scorer
@@ -320,11 +320,13 @@ class TangramServing:
         return max(0, self.cache.decode_pages_needed(rids) - self.cache.pool.available)
 
     def ensure_decode_room(self, rids) -> bool:
-        """Evict tree leaves until the next decode step of rids fits; False if it cannot."""
+        """SGLang's decode capacity check: evict tree leaves until the next decode step of rids
+        fits, then reserve its pages (nothing can take them before the step runs: a decode
+        step never lacks pages); False if it cannot fit (SGLang retracts)."""
         while (short := self.decode_shortfall(rids)) > 0:
             if self.tree is None or not self.tree.evict_pages(short):
                 return False
-        return True
+        return self.cache.reserve_decode_step(rids)
 
     # -- observability --------------------------------------------------------------------------
     def pool_info(self) -> dict:
@@ -430,10 +432,10 @@ class TangramServing:
             self.tables.load([rows[i] for i in stale], [rids[i] for i in stale],
                              [self.cache.requests[rids[i]].pages for i in stale])
         step = self.cache.decode_step(rids, locs=False)
-        if step is None and self.ensure_decode_room(rids):  # SGLang checked room; the tree may have
-            step = self.cache.decode_step(rids, locs=False)  # grown since (a checkpoint in between)
+        if step is None and self.ensure_decode_room(rids):  # SGLang's capacity check reserved this
+            step = self.cache.decode_step(rids, locs=False)  # step's pages: only a caller that skipped it
         if step is None:
-            raise RuntimeError("Tangram: decode step without pages (SGLang's capacity check should have retracted)")
+            raise PoolError("decode step without pages: the batch skipped SGLang's capacity check")
         rows_t, locs = self.tables.decode(rows, step.opened, step.width)   # on the device
         L, G = self.spec.num_layers, self.spec.num_groups
         per_layer = locs.view(len(rids), L, G).transpose(0, 1).reshape(L, -1)

@@ -32,7 +32,12 @@ class TangramPrefillAdder(PrefillAdder):
         serving = serving_of(self.tree_cache)
         total = len(req.full_untruncated_fill_ids) - req.prefix_len
         if total <= 0:
-            return super().add_one_req(req, has_chunked_req, truncation_align_size)
+            # Nothing to prefill (SGLang always leaves one token; arrival refuses empty prompts).
+            # Never let a request into a batch without its reservation: fail it as SGLang fails
+            # bad input (one placeholder token), which admits below like any 1-token request.
+            req.set_finish_with_abort("Tangram: the request has no token to prefill")
+            req.init_next_round_input(self.tree_cache)
+            total = len(req.full_untruncated_fill_ids) - req.prefix_len
         # The first chunk is never cut short by what else is in the pass (the kept set of a text must
         # not depend on batching): a request whose first chunk does not fit waits for the next pass,
         # where it comes first and has the whole chunk budget.
