@@ -182,14 +182,20 @@ def run_sglang(sg, P, batch, chunks, decode):
     return t1 - t0, time.perf_counter() - t0
 
 
+def contexts_of(batch, context):
+    """Per-request contexts: context minus a spread in [0, 512), so requests reach page boundaries
+    at different steps (identical contexts would open every page of the batch in the same step)."""
+    return [context - (i * 37) % 512 for i in range(batch)]
+
+
 def decode_batch(beta, L, G, P, batch, context):
-    """A pool holding batch prefilled requests of context tokens each, with room to decode."""
-    chunks = [1024] * (context // 1024) + ([context % 1024] if context % 1024 else [])
+    """A pool holding batch prefilled requests (contexts_of), with room to decode."""
+    plans = [[1024] * (c // 1024) + ([c % 1024] if c % 1024 else []) for c in contexts_of(batch, context)]
     spec = PoolSpec(num_layers=L, num_groups=G, heads_per_group=1, head_dim=1, page_size=P,
-                    num_pages=_pages(beta, P, batch, chunks, 512))
+                    num_pages=_pages(beta, P, batch, plans[0], 512))
     cache = RaggedKVCache(spec, beta.reshape(L, G))
     rids = list(range(batch))
-    for r in rids:
+    for r, chunks in zip(rids, plans):
         cache.admit(r, chunk_tokens=chunks, decode_tokens=512)
         for n in chunks:
             cache.prefill_chunk(r, n)
@@ -197,10 +203,11 @@ def decode_batch(beta, L, G, P, batch, context):
 
 
 def run_decode_steps(beta, L, G, P, batch, context, steps):
-    """Per-step seconds (best of steps) of: rebuild, host, device_tables."""
+    """Per-step seconds of: rebuild (best), host (best, median), device_tables (best)."""
     import torch
 
     from tangram_sglang.serving.block_tables import DeviceBlockTables
+    from tangram_sglang.serving.runtime import DecodeRows
 
     cache, rids = decode_batch(beta, L, G, P, batch, context)
     t_rebuild = []
@@ -213,17 +220,20 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
         t_rebuild.append(time.perf_counter() - t0)
     tables = DeviceBlockTables(L, G, P, "cpu", rows=batch)
     tables.load(rids, rids, [cache.requests[r].pages for r in rids])
+    decode_rows = DecodeRows()  # the served path's row lookup (TangramServing.decode_metadata)
+    resolve = list              # rows == rids here; called only when the batch changes
     t_host, t_dev = [], []
     for _ in range(steps):
         t0 = time.perf_counter()
+        rows = decode_rows.rows(rids, resolve)
         step = cache.decode_step(rids, locs=False)
         t1 = time.perf_counter()
-        rows_t, _ = tables.decode(rids, step.opened, step.width)
+        rows_t, _ = tables.decode(rows, step.opened, step.width)
         tables.seq_lens(rows_t)
         t2 = time.perf_counter()
         t_host.append(t1 - t0)
         t_dev.append(t2 - t1)
-    return min(t_rebuild), min(t_host), min(t_dev)
+    return min(t_rebuild), (min(t_host), float(np.median(t_host))), min(t_dev)
 
 
 def run_sglang_steps(sg, P, batch, context, steps):
@@ -234,10 +244,10 @@ def run_sglang_steps(sg, P, batch, context, steps):
                   kvcache=None, need_sort=False)
     req_to_token = torch.zeros((batch, total + 1), dtype=torch.int32)
     rows = torch.arange(batch)
-    lens = torch.full((batch,), context, dtype=torch.int64)
+    lens = torch.tensor(contexts_of(batch, context), dtype=torch.int64)
     out = alloc.alloc(batch * (-(-context // P)) * P)
     req_to_token[:, :context] = out.view(batch, -1)[:, :context].to(torch.int32)
-    best_s = float("inf")
+    times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         last = req_to_token[rows, lens - 1].to(torch.int64)
@@ -247,9 +257,9 @@ def run_sglang_steps(sg, P, batch, context, steps):
         seq_i32 = seq.to(torch.int32)
         indptr = torch.zeros(batch + 1, dtype=torch.int32)
         indptr[1:] = torch.cumsum(seq_i32, 0)
-        best_s = min(best_s, time.perf_counter() - t0)
+        times.append(time.perf_counter() - t0)
         lens = seq
-    return best_s
+    return min(times), float(np.median(times))
 
 
 def decode_step_main(args, sg):
@@ -261,22 +271,29 @@ def decode_step_main(args, sg):
             beta = rng.uniform(0.05, 1.0, L * G)
             for ctx in args.contexts:
                 rebuild, host, dev = run_decode_steps(beta, L, G, P, B, ctx, args.steps)
-                row = dict(L=L, G=G, context=ctx, rebuild=1e6 * rebuild, host=1e6 * host, device_tables=1e6 * dev)
+                row = dict(L=L, G=G, context=ctx, rebuild=1e6 * rebuild, host=1e6 * host[0],
+                           host_median=1e6 * host[1], device_tables=1e6 * dev)
                 if sg is not None:
-                    row["sglang"] = 1e6 * run_sglang_steps(sg, P, B, ctx, args.steps)
+                    best_s, median_s = run_sglang_steps(sg, P, B, ctx, args.steps)
+                    row["sglang"], row["sglang_median"] = 1e6 * best_s, 1e6 * median_s
                 rows.append(row)
                 print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
-    cols = [c for c in ("rebuild", "host", "device_tables", "sglang") if c in rows[0]]
+    cols = [c for c in ("rebuild", "host", "device_tables", "sglang", "host_median", "sglang_median") if c in rows[0]]
     lines = ["Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/control_plane.py --decode-step "
              f"--batch {B} --layers {' '.join(map(str, args.layers))} --groups {' '.join(map(str, args.groups))} "
              f"--contexts {' '.join(map(str, args.contexts))}`", "",
-             f"Host microseconds per decode step (best of {args.steps} steps), batch {B}, P={P}, budgets "
-             "uniform in [0.05, 1]; in brackets: time / sglang. `host` is what the served step costs the "
-             "host now; `device_tables` is torch work that runs on the device on a GPU (timed here on CPU).", "",
+             f"Host microseconds per decode step (best of {args.steps} steps; `_median` columns: the median "
+             f"step), batch {B} (contexts spread over [context - 511, context] so pages open at different "
+             f"steps), P={P}, budgets uniform in [0.05, 1]; in brackets: time / sglang (medians to SGLang's "
+             "median). `host` is what the served step costs the host now (the batch's rows, the "
+             "pool's pages for the step); `device_tables` is torch work that runs on the device on a GPU "
+             "(timed here on CPU).", "",
              "| L | G | context | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
     for r in rows:
-        base = r.get("sglang")
-        cells = [f"{r[c]:.0f}" + (f" ({r[c] / base:.2f}x)" if base and c != "sglang" else "") for c in cols]
+        def cell(c):
+            base = r.get("sglang_median" if c.endswith("_median") else "sglang")
+            return f"{r[c]:.0f}" + (f" ({r[c] / base:.2f}x)" if base and not c.startswith("sglang") else "")
+        cells = [cell(c) for c in cols]
         lines.append(f"| {r['L']} | {r['G']} | {r['context']} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
@@ -306,7 +323,7 @@ def main(argv=None):
     ap.add_argument("--no-loop", action="store_true", help="skip the per-v Python loop baseline")
     ap.add_argument("--decode-step", action="store_true", help="per decode step of a running batch (see above)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[2048, 32768], help="--decode-step: tokens per request")
-    ap.add_argument("--steps", type=int, default=32, help="--decode-step: steps timed (best is reported)")
+    ap.add_argument("--steps", type=int, default=64, help="--decode-step: steps timed (best and median reported)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = ap.parse_args(argv)
     if args.decode_step:

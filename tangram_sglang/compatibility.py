@@ -27,6 +27,8 @@ OPTIONS = [  # (ServerArgs field, unsupported when, why)
     ("lora_paths", bool, "LoRA: adapters change K/V per request, compressed segments are not keyed by adapter"),
     ("kv_cache_dtype", lambda v: v not in (None, "auto", "float32", "bfloat16", "float16"),
      "quantized KV (fp8/fp4): the ragged pool stores K/V in the model dtype"),
+    ("enable_mixed_chunk", bool, "mixed chunked prefill: decode tokens would ride in an extend batch, outside "
+     "the compression chunk schedule"),
     ("enable_two_batch_overlap", bool, "two-batch overlap: splits a batch's forward metadata in two"),
     ("enable_pdmux", bool, "PD multiplexing: runs prefill and decode on separate streams over SGLang's pool"),
     ("enable_torch_compile", bool, "torch.compile: traces the attention backend's host-side planning"),

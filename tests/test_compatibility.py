@@ -66,3 +66,11 @@ def test_models_writing_their_own_kv_are_refused_on_a_gpu(tmp_path):
     with pytest.raises(UnsupportedOption, match=f"model {arch} on cuda.*fused set-KV"):
         check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cuda"))
     check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cpu"))  # torch path: K/V reach the backend
+
+
+def test_mixed_chunked_prefill_is_refused():
+    """SGLang turns --enable-mixed-chunk off itself for the Tangram backend on CPU; wherever it would
+    stay on, decode tokens would enter an extend batch outside the chunk schedule: refused."""
+    with pytest.raises(UnsupportedOption, match="--enable-mixed-chunk: not supported"):
+        check_server_args(SimpleNamespace(enable_mixed_chunk=True, device="cpu"))
+    check_server_args(SimpleNamespace(enable_mixed_chunk=False, device="cpu"))

@@ -138,6 +138,8 @@ class RaggedKVCache:
         self.requests: dict[object, _Request] = {}
         self.arena = PageArena(spec.num_virtual)
         self.last_shortfall = 0  # pages the last refused admit lacked (evict that many, in one pass)
+        self._releases = 0       # requests released so far: a cached decode batch is stale after one
+        self._batch = None       # (releases, rids, slots) of the last decode batch
 
     @classmethod
     def from_profile(cls, profile, *, page_size: int, num_pages: int, ratio: float | None = None,
@@ -242,38 +244,51 @@ class RaggedKVCache:
         """decode() for the whole batch in a few [B, V] array operations (no loop over requests
         or virtual layers); also returns the pages it opened (for the device block tables).
         locs=False skips the slot ids (DecodeStep.locs None): the served path computes them on
-        the device."""
+        the device. Work past the [B, V] length update is O(pages opened)."""
+        slots = self._decode_slots(rids)
+        P, V, A = self.spec.page_size, self.spec.num_virtual, self.arena
+        lens = A.lens[slots]                                    # [B, V]
+        opens = np.flatnonzero(lens % P == 0 if P & (P - 1) else (lens & (P - 1)) == 0)
+        b, v = _div_mod(opens, V)                               # ordered by request, then v
+        at = slots[b] * V + v                                   # flat [S * V] index of each opened (b, v)
+        left = A.reserved_left.reshape(-1).take(at)
+        from_res = left > 0
+        n, n_res = opens.size, int(np.count_nonzero(from_res))
+        if n - n_res > self.pool.available:
+            return None
+        new_col = _div_mod(lens.reshape(-1).take(opens), P)[0]  # npages == lens / P at a page boundary
+        A.ensure_capacity(int(new_col.max(initial=-1)) + 1)
+        ids = self.pool.take(n, from_reserved=n_res)
+        A.pages.reshape(-1).put(at * A.pages.shape[2] + new_col, ids)
+        for field in (A.npages, A.taken):                       # (b, v) pairs are unique
+            flat = field.reshape(-1)
+            flat.put(at, flat.take(at) + 1)
+        A.reserved_left.reshape(-1).put(at, left - from_res)
+        out = None
+        if locs:
+            col, offset = _div_mod(lens, P)
+            flat = (slots[:, None] * V + np.arange(V)[None, :]) * A.pages.shape[2] + col
+            page = A.pages.reshape(-1).take(flat).astype(np.int64)
+            out = (page * P + offset).reshape(len(slots), self.spec.num_layers, self.spec.num_groups)
+        lens += 1
+        A.lens[slots] = lens
+        opened = np.stack([b, v, ids.astype(np.int64)], axis=1)
+        width = -(-int(lens.max(initial=0)) // P)               # npages == ceil(lens / P)
+        return DecodeStep(locs=out, opened=opened, width=max(1, width))
+
+    def _decode_slots(self, rids) -> np.ndarray:
+        """Arena slots of a decoding batch, int64 [B]; checked once per batch composition (a
+        decode batch usually repeats step after step), again after any request left."""
+        rids = rids if isinstance(rids, list) else list(rids)
+        if self._batch is not None and self._batch[0] == self._releases and self._batch[1] == rids:
+            return self._batch[2]
         reqs = [self._req(r) for r in rids]
         for r, req in zip(rids, reqs):
             if not req.prefill_done:
                 raise PoolError(f"request {r!r}: decode before its prefill is complete")
-        P, V, A = self.spec.page_size, self.spec.num_virtual, self.arena
         slots = np.fromiter((req.pages.slot for req in reqs), dtype=np.int64, count=len(reqs))
-        lens = A.lens[slots]                                    # [B, V]
-        col, offset = _div_mod(lens, P)
-        need = offset == 0                                      # npages == ceil(lens / P): a new page
-        left = A.reserved_left[slots]
-        from_res = need & (left > 0)
-        n, n_res = int(need.sum()), int(from_res.sum())
-        if n - n_res > self.pool.available:
-            return None
-        b, v = np.nonzero(need)                                 # ordered by request, then v
-        new_col = col[b, v]
-        A.ensure_capacity(int(new_col.max(initial=-1)) + 1)
-        ids = self.pool.take(n, from_reserved=n_res)
-        sb = slots[b]
-        A.pages[sb, v, new_col] = ids
-        A.npages[sb, v] += 1                                    # (b, v) pairs are unique
-        A.taken[sb, v] += 1
-        A.reserved_left[slots] = left - from_res
-        out = None
-        if locs:
-            flat = (slots[:, None] * V + np.arange(V)[None, :]) * A.pages.shape[2] + col
-            page = A.pages.reshape(-1).take(flat).astype(np.int64)
-            out = (page * P + offset).reshape(len(reqs), self.spec.num_layers, self.spec.num_groups)
-        A.lens[slots] = lens + 1
-        opened = np.stack([b, v, ids.astype(np.int64)], axis=1)
-        return DecodeStep(locs=out, opened=opened, width=max(1, int(A.npages[slots].max(initial=0))))
+        self._batch = (self._releases, rids.copy(), slots)
+        return slots
 
     # -- release ---------------------------------------------------------------------------------
     def publish(self, rid, *, include_tail: bool = False) -> list[Segment]:
@@ -317,6 +332,7 @@ class RaggedKVCache:
 
     def _release(self, rid, data_end: np.ndarray) -> None:
         req = self.requests.pop(rid)
+        self._releases += 1
         P = self.spec.page_size
         col = data_end // P
         mine = (data_end % P != 0) & (col >= req.plan.prefix_slots // P) & (col < req.pages.npages)

@@ -66,7 +66,7 @@ class PageArena:
         self.num_virtual = num_virtual
         self.pages = np.full((slots, num_virtual, max(1, capacity)), -1, dtype=np.int32)
         for name in self.FIELDS:
-            setattr(self, name, np.zeros((slots, num_virtual), dtype=np.int64))
+            setattr(self, name, np.zeros((slots, num_virtual), dtype=np.int32))
         self.free_slots = list(range(slots - 1, -1, -1))
 
     @property
@@ -98,7 +98,7 @@ class PageArena:
         pages[:old_s, :, :old_cap] = self.pages
         self.pages = pages
         for name in self.FIELDS:
-            grown = np.zeros((slots, self.num_virtual), dtype=np.int64)
+            grown = np.zeros((slots, self.num_virtual), dtype=np.int32)
             grown[:old_s] = getattr(self, name)
             setattr(self, name, grown)
         self.free_slots = list(range(slots - 1, old_s - 1, -1)) + self.free_slots

@@ -80,8 +80,9 @@ class TangramAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch):
         mode = forward_batch.forward_mode
-        rows = forward_batch.req_pool_indices.tolist()
-        rids = self.serving.rids_of_rows(rows)
+        rids = forward_batch.rids  # host list (req_pool_indices would cost a device sync)
+        if rids is None:
+            rids = self.serving.rids_of_rows(forward_batch.req_pool_indices.tolist())
         if mode.is_decode():
             self.plan = self.serving.decode_metadata(rids)
         elif mode.is_extend():

@@ -94,6 +94,29 @@ class RequestState:
     protect: list[tuple[int, int]] = field(default_factory=list)  # (lead, trail) protected per chunk
 
 
+class DecodeRows:
+    """The SGLang rows of the last decode batch, reused while the batch and every row binding are
+    unchanged (a decode batch usually repeats step after step), so a repeated step costs the
+    host one list comparison instead of a lookup per request. ``changed()`` after any binding,
+    release or table load."""
+
+    def __init__(self):
+        self.epoch = 0
+        self._last: tuple[int, list, list[int]] | None = None
+
+    def changed(self) -> None:
+        self.epoch += 1
+
+    def rows(self, rids: list, resolve) -> list[int]:
+        """resolve(rids) -> rows, called only when the batch or a binding changed."""
+        last = self._last
+        if last is not None and last[0] == self.epoch and last[1] == rids:
+            return last[2]
+        rows = resolve(rids)
+        self._last = (self.epoch, list(rids), rows)
+        return rows
+
+
 @dataclass
 class PoolCounters:
     """Monotone counters for /server_info (read by the benchmarks)."""
@@ -121,6 +144,7 @@ class TangramServing:
         self.scorer = profile_scorer(profile, path)
         self.requests: dict[str, RequestState] = {}
         self.row_to_rid: dict[int, str] = {}
+        self.decode_rows = DecodeRows()
         self.counters = PoolCounters()
         self.cache: RaggedKVCache | None = None
         self.data: KVPageData | None = None
@@ -299,12 +323,14 @@ class TangramServing:
         if state is not None:
             state.row = int(row)
             self.row_to_rid[int(row)] = rid
+            self.decode_rows.changed()
 
     def release(self, rid: str) -> None:
         """The request left (finished, aborted or retracted): drop its references."""
         state = self.requests.pop(rid, None)
         if state is None:
             return
+        self.decode_rows.changed()
         self.cache.release(rid)
         if state.row is not None:
             self.tables.forget(state.row, rid)
@@ -404,6 +430,7 @@ class TangramServing:
         # The tables after the chunk's pages were drawn, read only up to the slots cached before it.
         rows, host = self._rows(rids), [self.cache.requests[rid].pages for rid in rids]
         self.tables.load(rows, rids, host)
+        self.decode_rows.changed()
         width = max(int(p.npages.max(initial=0)) for p in host)
         table, lens = self.tables.view(rows, max(width, 1), torch.from_numpy(before).to(dev))
         self._note_peak()
@@ -421,16 +448,21 @@ class TangramServing:
             raise RuntimeError("Tangram: a request reached the attention backend without its SGLang row")
         return rows
 
-    def decode_metadata(self, rids) -> "ForwardPlan":
-        """One new slot per (request, layer, group); tables are those AFTER the append.
-
-        Host work is O(batch x virtual layers): the pool appends the pages this step opens,
-        and only those cross to the device tables, which compute the write slots there."""
+    def _decode_rows(self, rids) -> list[int]:
+        """Rows of a new decode batch; rows whose device tables are stale are loaded first."""
         rows = self._rows(rids)
         stale = [i for i, (row, rid) in enumerate(zip(rows, rids)) if not self.tables.mirrors(row, rid)]
         if stale:  # a row not loaded since its pages changed (never after an extend of the same request)
             self.tables.load([rows[i] for i in stale], [rids[i] for i in stale],
                              [self.cache.requests[rids[i]].pages for i in stale])
+        return rows
+
+    def decode_metadata(self, rids) -> "ForwardPlan":
+        """One new slot per (request, layer, group); tables are those AFTER the append.
+
+        Host work is O(batch x virtual layers): the pool appends the pages this step opens,
+        and only those cross to the device tables, which compute the write slots there."""
+        rows = self.decode_rows.rows(rids, self._decode_rows)
         step = self.cache.decode_step(rids, locs=False)
         if step is None and self.ensure_decode_room(rids):  # SGLang's capacity check reserved this
             step = self.cache.decode_step(rids, locs=False)  # step's pages: only a caller that skipped it
