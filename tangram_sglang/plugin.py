@@ -18,6 +18,7 @@ SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 INTERNAL_STATE = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
 CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
 SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+BEAMS = "sglang.srt.beam_search.coordinator.BeamCoordinator"
 METRICS = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
 
 
@@ -115,6 +116,7 @@ def _register_serving_hooks(HookRegistry, HookType) -> None:
     HookRegistry.register(f"{SCHEDULER}.get_prefill_adder_class", scheduling.prefill_adder_class, HookType.AROUND)
     HookRegistry.register(f"{SCHEDULER}._add_request_to_queue", scheduling.refuse_never_fitting, HookType.BEFORE)
     HookRegistry.register(f"{SCHEDULE_BATCH}.prepare_for_extend", scheduling.bind_rows, HookType.AFTER)
+    HookRegistry.register(f"{BEAMS}.validate_and_init", scheduling.refuse_beam_search, HookType.AROUND)
     HookRegistry.register(f"{METRICS}.report_prefill_stats", _log_prefill_pool, HookType.AFTER)
     HookRegistry.register(f"{METRICS}.report_decode_stats", _log_decode_pool, HookType.AFTER)
 

@@ -105,6 +105,16 @@ def test_max_new_tokens_zero_negative_and_beyond_the_pool(server, essay_ids):
     assert after["capped"] == before["capped"] + 1 and after["retracted"] == before["retracted"]
 
 
+def test_beam_search_is_refused(server):
+    """Beams fork KV through SGLang's token-pool rows (a profile's server crashed on it before)."""
+    status, body = gen(server, {"text": "The capital of France is",
+                                "sampling_params": {"max_new_tokens": 8, "beam_width": 2, "temperature": 0}})
+    assert status == 400 and "Beam search" in message(body) and "--tangram-profile" in message(body), body
+    status, body = gen(server, {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4}})
+    assert status == 200, body
+    sound(server)
+
+
 def test_malformed_json(server):
     for path in ("/generate", "/v1/chat/completions"):
         status, body = _raw(server, path, b"{bad json")

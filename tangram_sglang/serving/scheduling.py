@@ -128,3 +128,13 @@ def refuse_never_fitting(scheduler, req, *args, **kwargs):
     if why is not None:
         serving.counters.too_large += 1
         req.set_finish_with_abort(why)
+
+
+def refuse_beam_search(original, coordinator, req, recv_req):
+    """AROUND BeamCoordinator.validate_and_init (SGLang's own beam refusals, answered with HTTP 400):
+    beams fork their prefix KV through SGLang's token-pool rows and write several rows per request in
+    one decode step, which the ragged pool (one page table per request) does not hold."""
+    if serving_of(coordinator.tree_cache) is not None:
+        return ("Beam search (beam_width > 1) is not supported with --tangram-profile: beams fork their "
+                "KV through SGLang's token-pool rows, which the ragged KV pool does not hold")
+    return original(coordinator, req, recv_req)
