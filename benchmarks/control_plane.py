@@ -222,8 +222,12 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
     tables.load(rids, rids, [cache.requests[r].pages for r in rids])
     decode_rows = DecodeRows()  # the served path's row lookup (TangramServing.decode_metadata)
     resolve = list              # rows == rids here; called only when the batch changes
-    t_host, t_dev = [], []
+    t_host, t_dev, t_check = [], [], []
     for _ in range(steps):
+        tc = time.perf_counter()  # SGLang's capacity check (TangramServing.ensure_decode_room, no tree)
+        assert max(0, cache.decode_pages_needed(rids) - cache.pool.available) == 0
+        assert cache.reserve_decode_step(rids)
+        t_check.append(time.perf_counter() - tc)
         t0 = time.perf_counter()
         rows = decode_rows.rows(rids, resolve)
         step = cache.decode_step(rids, locs=False)
@@ -233,7 +237,7 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
         t2 = time.perf_counter()
         t_host.append(t1 - t0)
         t_dev.append(t2 - t1)
-    return min(t_rebuild), (min(t_host), float(np.median(t_host))), min(t_dev)
+    return min(t_rebuild), (min(t_host), float(np.median(t_host))), min(t_dev), float(np.median(t_check))
 
 
 def run_sglang_steps(sg, P, batch, context, steps):
@@ -270,15 +274,17 @@ def decode_step_main(args, sg):
         for G in args.groups:
             beta = rng.uniform(0.05, 1.0, L * G)
             for ctx in args.contexts:
-                rebuild, host, dev = run_decode_steps(beta, L, G, P, B, ctx, args.steps)
+                rebuild, host, dev, check = run_decode_steps(beta, L, G, P, B, ctx, args.steps)
                 row = dict(L=L, G=G, context=ctx, rebuild=1e6 * rebuild, host=1e6 * host[0],
-                           host_median=1e6 * host[1], device_tables=1e6 * dev)
+                           host_median=1e6 * host[1], device_tables=1e6 * dev, check_median=1e6 * check,
+                           host_and_check_median=1e6 * (host[1] + check))
                 if sg is not None:
                     best_s, median_s = run_sglang_steps(sg, P, B, ctx, args.steps)
                     row["sglang"], row["sglang_median"] = 1e6 * best_s, 1e6 * median_s
                 rows.append(row)
                 print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
-    cols = [c for c in ("rebuild", "host", "device_tables", "sglang", "host_median", "sglang_median") if c in rows[0]]
+    cols = [c for c in ("rebuild", "host", "device_tables", "sglang", "host_median", "check_median",
+                                  "host_and_check_median", "sglang_median") if c in rows[0]]
     lines = ["Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/control_plane.py --decode-step "
              f"--batch {B} --layers {' '.join(map(str, args.layers))} --groups {' '.join(map(str, args.groups))} "
              f"--contexts {' '.join(map(str, args.contexts))}`", "",
@@ -287,7 +293,9 @@ def decode_step_main(args, sg):
              f"steps), P={P}, budgets uniform in [0.05, 1]; in brackets: time / sglang (medians to SGLang's "
              "median). `host` is what the served step costs the host now (the batch's rows, the "
              "pool's pages for the step); `device_tables` is torch work that runs on the device on a GPU "
-             "(timed here on CPU).", "",
+             "(timed here on CPU). `check` is the capacity check SGLang runs before every decode step "
+             "(ensure_decode_room without a tree: pages needed, then their reservation); "
+             "`host_and_check` is what the host pays per served step in all.", "",
              "| L | G | context | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
     for r in rows:
         def cell(c):
