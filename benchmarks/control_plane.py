@@ -207,7 +207,7 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
     import torch
 
     from tangram_sglang.serving.block_tables import DeviceBlockTables
-    from tangram_sglang.serving.runtime import DecodeRows
+    from tangram_sglang.pool.batch_memo import BatchMemo
 
     cache, rids = decode_batch(beta, L, G, P, batch, context)
     t_rebuild = []
@@ -220,16 +220,15 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
         t_rebuild.append(time.perf_counter() - t0)
     tables = DeviceBlockTables(L, G, P, "cpu", rows=batch)
     tables.load(rids, rids, [cache.requests[r].pages for r in rids])
-    decode_rows = DecodeRows()  # the served path's row lookup (TangramServing.decode_metadata)
+    decode_rows = BatchMemo()   # the served path's row lookup (TangramServing.decode_metadata)
     resolve = list              # rows == rids here; called only when the batch changes
     t_host, t_dev, t_check = [], [], []
     for _ in range(steps):
         tc = time.perf_counter()  # SGLang's capacity check (TangramServing.ensure_decode_room, no tree)
-        assert max(0, cache.decode_pages_needed(rids) - cache.pool.available) == 0
-        assert cache.reserve_decode_step(rids)
+        assert cache.reserve_decode_step(rids) == 0
         t_check.append(time.perf_counter() - tc)
         t0 = time.perf_counter()
-        rows = decode_rows.rows(rids, resolve)
+        rows = decode_rows.get(rids, resolve)
         step = cache.decode_step(rids, locs=False)
         t1 = time.perf_counter()
         rows_t, _ = tables.decode(rows, step.opened, step.width)
@@ -294,7 +293,7 @@ def decode_step_main(args, sg):
              "median). `host` is what the served step costs the host now (the batch's rows, the "
              "pool's pages for the step); `device_tables` is torch work that runs on the device on a GPU "
              "(timed here on CPU). `check` is the capacity check SGLang runs before every decode step "
-             "(ensure_decode_room without a tree: pages needed, then their reservation); "
+             "(ensure_decode_room without a tree: one pass that finds the step's pages and reserves them); "
              "`host_and_check` is what the host pays per served step in all.", "",
              "| L | G | context | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
     for r in rows:

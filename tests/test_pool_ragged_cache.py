@@ -74,6 +74,32 @@ def test_decode_past_reservation_uses_free_pages_then_refuses():
     assert c.pool.num_free == 8
 
 
+def test_repeated_decode_batch_follows_a_readmitted_request():
+    """The decode batch's slots are remembered while the batch repeats; a request retracted and
+    admitted again under the same rid (another arena slot) must not reuse the stale ones, and a
+    batch with a request still in prefill is refused every time (not remembered by the check)."""
+    beta = np.array([[1.0, 0.5]])
+    c = _cache(num_pages=64, page_size=2, beta=beta)
+    for rid in ("a", "b"):
+        c.admit(rid, chunk_tokens=[3], decode_tokens=4)
+        c.prefill_chunk(rid, 3)
+    c.decode(["a", "b"])
+    c.retract("a")
+    c.admit("c", chunk_tokens=[5], decode_tokens=4)   # takes a's old arena slot
+    c.admit("a", chunk_tokens=[3], decode_tokens=4)
+    assert c.reserve_decode_step(["a", "b"]) == 0     # the check may see a before its prefill...
+    with pytest.raises(PoolError, match="before its prefill"):
+        c.decode(["a", "b"])                          # ...the step refuses it, every time
+    c.prefill_chunk("a", 3)
+    c.prefill_chunk("c", 5)
+    for _ in range(3):
+        c.decode(["a", "b"])
+        c.check_integrity()
+    assert c.requests["a"].pages.lens.tolist() == (keep_count(beta.ravel(), 3) + 3).tolist()  # 3 decoded
+    assert c.requests["c"].pages.lens.tolist() == keep_count(beta.ravel(), 5).tolist()  # untouched by a's steps
+    c.check_integrity()
+
+
 def test_reserved_decode_step_cannot_be_taken_by_a_later_admission():
     """SGLang's capacity check reserves the next step's pages; an admission between the check
     and the step cannot take them, so the step never runs out."""
@@ -81,8 +107,8 @@ def test_reserved_decode_step_cannot_be_taken_by_a_later_admission():
     c.admit("a", chunk_tokens=[2], decode_tokens=1)
     c.prefill_chunk("a", 2)
     assert c.decode(["a"]) is not None          # uses the planned decode page
-    assert c.reserve_decode_step(["a"]) and c.pool.reserved == 1
-    assert c.reserve_decode_step(["a"]) and c.pool.reserved == 1  # idempotent
+    assert c.reserve_decode_step(["a"]) == 0 and c.pool.reserved == 1
+    assert c.reserve_decode_step(["a"]) == 0 and c.pool.reserved == 1  # idempotent
     c.check_integrity()
     assert c.admit("b", chunk_tokens=[5], decode_tokens=0) is None  # 5 free, 1 of them reserved
     c.admit("b", chunk_tokens=[4], decode_tokens=0)
@@ -90,9 +116,9 @@ def test_reserved_decode_step_cannot_be_taken_by_a_later_admission():
     assert c.pool.available == 0
     assert c.decode(["a"]) is not None          # the reserved page
     c.check_integrity()
-    assert not c.reserve_decode_step(["a"]) and c.pool.reserved == 0  # nothing left: SGLang retracts
+    assert c.reserve_decode_step(["a"]) == 1 and c.pool.reserved == 0  # 1 page short: SGLang evicts or retracts
     c.abort("b")
-    assert c.reserve_decode_step(["a", "gone"])  # unknown rids are skipped
+    assert c.reserve_decode_step(["a", "gone"]) == 0  # unknown rids are skipped
     c.abort("a")                                 # the step's page goes back with the request
     assert c.pool.reserved == 0 and c.pool.num_free == 8
     c.check_integrity()

@@ -28,6 +28,7 @@ class PoolModel:
         self.parent = {}      # seg id -> parent seg id or None
         self.next_value, self.next_rid = 1.0, 0
         self.ops = 0
+        self.checked = None   # the batch of the last capacity check (its step pages are reserved)
 
     # -- helpers ------------------------------------------------------------------------------
     def chain(self, seg_id):
@@ -79,12 +80,20 @@ class PoolModel:
             assert np.array_equal(self.cache.request_pages_taken(rid), req.plan.prefill_pages)
             assert np.array_equal(req.reserved_left, req.plan.decode_pages)
 
+    def capacity_check(self, rids) -> bool:
+        """SGLang's capacity check: reserve the step's pages (a failed check retracts)."""
+        if self.cache.reserve_decode_step(rids) > 0:
+            self.retract(rids[0])
+            return False
+        self.checked = list(rids)
+        return True
+
     def decode(self, rids, checked=False):
         """checked: as served, SGLang's capacity check reserves the step's pages first (then the
-        step cannot fail; a failed check retracts)."""
-        if checked and not self.cache.reserve_decode_step(rids):
-            self.retract(rids[0])
+        step cannot fail, whatever ran between the check and the step)."""
+        if checked and self.checked != list(rids) and not self.capacity_check(rids):
             return
+        self.checked = None
         self.check()
         out = self.cache.decode(rids)
         assert out is not None or not checked, "a checked decode step ran out of pages"
@@ -95,6 +104,8 @@ class PoolModel:
             self._write(rid, locs[:, None], np.ones(self.V, np.int64))
 
     def finish(self, rid):
+        if self.checked is not None and rid in self.checked:
+            self.checked = None
         ids = self.prefix_of.pop(rid)
         expect = self.expect.pop(rid)
         parent = ids[-1] if ids else None
@@ -104,6 +115,8 @@ class PoolModel:
             parent = seg.seg_id
 
     def retract(self, rid):
+        if self.checked is not None and rid in self.checked:
+            self.checked = None
         self.cache.retract(rid)
         del self.prefix_of[rid], self.expect[rid]
 
@@ -161,7 +174,13 @@ def random_op(model: PoolModel, rng: random.Random) -> None:
     elif choice < 0.5 and pending:
         model.prefill(rng.choice(pending))
     elif choice < 0.7 and ready:
-        model.decode(rng.sample(ready, rng.randint(1, len(ready))), checked=rng.random() < 0.5)
+        pick = rng.random()
+        if pick < 0.25:   # check now, decode later: other operations may run in between
+            model.capacity_check(rng.sample(ready, rng.randint(1, len(ready))))
+        elif pick < 0.5 and model.checked is not None:
+            model.decode(model.checked, checked=True)
+        else:
+            model.decode(rng.sample(ready, rng.randint(1, len(ready))), checked=rng.random() < 0.5)
     elif choice < 0.8:
         model.finish(rng.choice([r for r, _ in reqs]))
     elif choice < 0.85:
@@ -216,6 +235,18 @@ class PoolMachine(RuleBasedStateMachine):
     def decode(self, data, checked):
         ready = [r for r, q in self.model.cache.requests.items() if q.prefill_done]
         self.model.decode(data.draw(st.lists(st.sampled_from(ready), min_size=1, unique=True)), checked)
+
+    @precondition(lambda self: any(q.prefill_done for q in self.model.cache.requests.values()))
+    @rule(data=st.data())
+    def capacity_check(self, data):
+        ready = [r for r, q in self.model.cache.requests.items() if q.prefill_done]
+        self.model.capacity_check(data.draw(st.lists(st.sampled_from(ready), min_size=1, unique=True)))
+
+    @precondition(lambda self: self.model.checked is not None)
+    @rule()
+    def decode_checked(self):
+        """The step SGLang runs after its check; other rules may have run in between."""
+        self.model.decode(self.model.checked, checked=True)
 
     @precondition(lambda self: self.model.cache.requests)
     @rule(data=st.data(), cache=st.booleans())

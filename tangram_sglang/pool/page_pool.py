@@ -77,8 +77,8 @@ class PagePool:
         top = self._num_free
         ids = self._free[top - n : top][::-1].copy()
         self._num_free = top - n
-        self.refcount[ids] = 1
-        self.fill[ids] = self.page_size
+        self.refcount.put(ids, 1)
+        self.fill.put(ids, self.page_size)
         return ids
 
     def incref(self, ids: np.ndarray) -> None:

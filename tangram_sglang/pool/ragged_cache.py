@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .batch_memo import BatchMemo
 from .block_table import build_layer_tables
 from .page_pool import PagePool
 from .request_pages import PageArena, RequestPages, flat_slot_locs
@@ -73,6 +74,11 @@ def _div_mod(x: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
     if p & (p - 1) == 0:
         return x >> (p.bit_length() - 1), x & (p - 1)
     return x // p, x % p
+
+
+def _mod(x: np.ndarray, p: int) -> np.ndarray:
+    """x % p; a mask when p is a power of two."""
+    return x & (p - 1) if p & (p - 1) == 0 else x % p
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +132,19 @@ class _Request:
         return len(self.chunk_ends) == len(self.plan.chunk_tokens)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _StepPages:
+    """The (request, v) pairs a decode step opens a page for: lens int32 [B, V] before the step,
+    opens int64 [n] flat indices into it, b / v their request and virtual layer, at their flat
+    index into the arena's [slots * V] fields."""
+
+    lens: np.ndarray
+    opens: np.ndarray
+    b: np.ndarray
+    v: np.ndarray
+    at: np.ndarray
+
+
 class RaggedKVCache:
     def __init__(self, spec: PoolSpec, group_budget: np.ndarray):
         beta = np.asarray(group_budget, dtype=np.float64)
@@ -138,8 +157,8 @@ class RaggedKVCache:
         self.requests: dict[object, _Request] = {}
         self.arena = PageArena(spec.num_virtual)
         self.last_shortfall = 0  # pages the last refused admit lacked (evict that many, in one pass)
-        self._releases = 0       # requests released so far: a cached decode batch is stale after one
-        self._batch = None       # (releases, rids, slots) of the last decode batch
+        self._slots = BatchMemo()  # arena slots of the last decode batch; changed() at every release
+        self._pending = None       # (epoch, rids, _StepPages) found by the last capacity check
 
     @classmethod
     def from_profile(cls, profile, *, page_size: int, num_pages: int, ratio: float | None = None,
@@ -220,49 +239,60 @@ class RaggedKVCache:
         step = self.decode_step(rids)
         return None if step is None else step.locs
 
-    def decode_pages_needed(self, rids) -> int:
-        """Pages the next decode step of rids needs beyond their reservations (live rids only)."""
-        slots = [self.requests[r].pages.slot for r in rids if r in self.requests]
-        lens, left = self.arena.lens[slots], self.arena.reserved_left[slots]
-        return int(((lens % self.spec.page_size == 0) & (left <= 0)).sum())
-
-    def reserve_decode_step(self, rids) -> bool:
+    def reserve_decode_step(self, rids) -> int:
         """Reserve the pages the next decode step of rids opens beyond their reservations (one per
         (request, v) whose plan is used up and whose last page is full), so that step cannot run
-        out whatever happens before it; False (nothing changes) when they are not available.
-        Idempotent: reserved pages count as room. Live rids only, each at most once."""
-        slots = np.fromiter((self.requests[r].pages.slot for r in rids if r in self.requests), dtype=np.int64)
-        A = self.arena
-        left = A.reserved_left[slots]
-        need = (A.lens[slots] % self.spec.page_size == 0) & (left <= 0)
-        if not self.pool.reserve(int(need.sum())):
-            return False
-        A.reserved_left[slots] = left + need
-        return True
+        out whatever happens before it. Returns 0 when they are reserved, else how many more free
+        pages they need (nothing changes). Idempotent: reserved pages count as room. Rids no
+        longer admitted are skipped (SGLang's capacity check may still list them); each at most once.
+        The pages found are remembered for the step (only a release or a decode step can change them)."""
+        rids = rids if isinstance(rids, list) else list(rids)
+        slots, ready = self._batch_slots(rids, live_only=True)
+        step = self._step_pages(slots)
+        flat_left = self.arena.reserved_left.reshape(-1)
+        need = step.at[flat_left.take(step.at) == 0]            # reserved_left >= 0 (integrity)
+        short = need.size - self.pool.available
+        if short > 0:
+            return short
+        self.pool.reserve(need.size)
+        flat_left.put(need, 1)                                  # now every page the step opens is reserved
+        self._pending = (self._slots.epoch, rids.copy(), step) if ready else None
+        return 0
+
+    def _step_pages(self, slots: np.ndarray) -> "_StepPages":
+        """Where the next decode step of the batch at arena slots [B] opens pages."""
+        P, V = self.spec.page_size, self.spec.num_virtual
+        lens = self.arena.lens[slots]                            # [B, V]
+        opens = np.flatnonzero(_mod(lens, P) == 0)
+        b, v = _div_mod(opens, V)                               # ordered by request, then v
+        return _StepPages(lens=lens, opens=opens, b=b, v=v, at=slots[b] * V + v)
 
     def decode_step(self, rids, *, locs: bool = True) -> DecodeStep | None:
         """decode() for the whole batch in a few [B, V] array operations (no loop over requests
         or virtual layers); also returns the pages it opened (for the device block tables).
         locs=False skips the slot ids (DecodeStep.locs None): the served path computes them on
-        the device. Work past the [B, V] length update is O(pages opened)."""
+        the device. Work past the [B, V] length update is O(pages opened); the pages found by
+        the capacity check just before (reserve_decode_step of the same rids) are reused."""
+        rids = rids if isinstance(rids, list) else list(rids)
         slots = self._decode_slots(rids)
+        pending, self._pending = self._pending, None
+        checked = pending is not None and pending[0] == self._slots.epoch and pending[1] == rids
+        step = pending[2] if checked else self._step_pages(slots)
         P, V, A = self.spec.page_size, self.spec.num_virtual, self.arena
-        lens = A.lens[slots]                                    # [B, V]
-        opens = np.flatnonzero(lens % P == 0 if P & (P - 1) else (lens & (P - 1)) == 0)
-        b, v = _div_mod(opens, V)                               # ordered by request, then v
-        at = slots[b] * V + v                                   # flat [S * V] index of each opened (b, v)
+        lens, opens, b, v, at = step.lens, step.opens, step.b, step.v, step.at
         left = A.reserved_left.reshape(-1).take(at)
-        from_res = left > 0
-        n, n_res = opens.size, int(np.count_nonzero(from_res))
+        from_res = True if checked else left > 0                # checked: all reserved, nothing changed them
+        n = opens.size
+        n_res = n if checked else int(np.count_nonzero(from_res))
         if n - n_res > self.pool.available:
             return None
-        new_col = _div_mod(lens.reshape(-1).take(opens), P)[0]  # npages == lens / P at a page boundary
-        A.ensure_capacity(int(new_col.max(initial=-1)) + 1)
+        new_col = A.npages.reshape(-1).take(at)                 # == lens / P at a page boundary
+        A.ensure_capacity(int(new_col.max(initial=-1)) + 1)     # (may reallocate every arena field)
         ids = self.pool.take(n, from_reserved=n_res)
         A.pages.reshape(-1).put(at * A.pages.shape[2] + new_col, ids)
-        for field in (A.npages, A.taken):                       # (b, v) pairs are unique
-            flat = field.reshape(-1)
-            flat.put(at, flat.take(at) + 1)
+        A.npages.reshape(-1).put(at, new_col + 1)               # (b, v) pairs are unique
+        taken = A.taken.reshape(-1)
+        taken.put(at, taken.take(at) + 1)
         A.reserved_left.reshape(-1).put(at, left - from_res)
         out = None
         if locs:
@@ -277,18 +307,27 @@ class RaggedKVCache:
         return DecodeStep(locs=out, opened=opened, width=max(1, width))
 
     def _decode_slots(self, rids) -> np.ndarray:
-        """Arena slots of a decoding batch, int64 [B]; checked once per batch composition (a
-        decode batch usually repeats step after step), again after any request left."""
+        """Arena slots of a decoding batch, int64 [B]; raises PoolError unless every rid is
+        admitted and done with prefill."""
+        return self._batch_slots(rids, live_only=False)[0]
+
+    def _batch_slots(self, rids, *, live_only: bool) -> tuple[np.ndarray, bool]:
+        """(slots of the admitted rids, whether every rid is admitted and done with prefill);
+        looked up once per batch composition (a decode batch usually repeats step after step),
+        again after any request left. live_only: skip rids no longer admitted instead of raising."""
         rids = rids if isinstance(rids, list) else list(rids)
-        if self._batch is not None and self._batch[0] == self._releases and self._batch[1] == rids:
-            return self._batch[2]
-        reqs = [self._req(r) for r in rids]
-        for r, req in zip(rids, reqs):
-            if not req.prefill_done:
-                raise PoolError(f"request {r!r}: decode before its prefill is complete")
-        slots = np.fromiter((req.pages.slot for req in reqs), dtype=np.int64, count=len(reqs))
-        self._batch = (self._releases, rids.copy(), slots)
-        return slots
+        return self._slots.get(rids, lambda r: self._resolve_slots(r, live_only), keep=lambda s: s[1])
+
+    def _resolve_slots(self, rids: list, live_only: bool) -> tuple[np.ndarray, bool]:
+        """(slots of the admitted rids, whether every rid is admitted and done with prefill)."""
+        reqs = [self.requests.get(r) for r in rids]
+        ready = all(req is not None and req.prefill_done for req in reqs)
+        if not ready and not live_only:
+            for r, req in zip(rids, reqs):
+                if not self._req(r).prefill_done:
+                    raise PoolError(f"request {r!r}: decode before its prefill is complete")
+        live = [req.pages.slot for req in reqs if req is not None]
+        return np.asarray(live, dtype=np.int64), ready
 
     # -- release ---------------------------------------------------------------------------------
     def publish(self, rid, *, include_tail: bool = False) -> list[Segment]:
@@ -332,7 +371,7 @@ class RaggedKVCache:
 
     def _release(self, rid, data_end: np.ndarray) -> None:
         req = self.requests.pop(rid)
-        self._releases += 1
+        self._slots.changed()
         P = self.spec.page_size
         col = data_end // P
         mine = (data_end % P != 0) & (col >= req.plan.prefix_slots // P) & (col < req.pages.npages)

@@ -35,6 +35,7 @@ import torch
 from ..attention import build_layer_metas, make_split_rows
 from ..attention.compression import ChunkPlan
 from ..pool import RaggedKVCache
+from ..pool.batch_memo import BatchMemo
 from ..pool.page_data import KVPageData
 from ..pool.spec import PoolError, PoolSpec, RequestTooLargeError
 from ..profile import ModelShape, TangramProfile, load_profile
@@ -94,29 +95,6 @@ class RequestState:
     protect: list[tuple[int, int]] = field(default_factory=list)  # (lead, trail) protected per chunk
 
 
-class DecodeRows:
-    """The SGLang rows of the last decode batch, reused while the batch and every row binding are
-    unchanged (a decode batch usually repeats step after step), so a repeated step costs the
-    host one list comparison instead of a lookup per request. ``changed()`` after any binding,
-    release or table load."""
-
-    def __init__(self):
-        self.epoch = 0
-        self._last: tuple[int, list, list[int]] | None = None
-
-    def changed(self) -> None:
-        self.epoch += 1
-
-    def rows(self, rids: list, resolve) -> list[int]:
-        """resolve(rids) -> rows, called only when the batch or a binding changed."""
-        last = self._last
-        if last is not None and last[0] == self.epoch and last[1] == rids:
-            return last[2]
-        rows = resolve(rids)
-        self._last = (self.epoch, list(rids), rows)
-        return rows
-
-
 @dataclass
 class PoolCounters:
     """Monotone counters for /server_info (read by the benchmarks)."""
@@ -144,7 +122,7 @@ class TangramServing:
         self.scorer = profile_scorer(profile, path)
         self.requests: dict[str, RequestState] = {}
         self.row_to_rid: dict[int, str] = {}
-        self.decode_rows = DecodeRows()
+        self.decode_rows = BatchMemo()  # SGLang rows of the last decode batch; changed() at any (re)binding
         self.counters = PoolCounters()
         self.cache: RaggedKVCache | None = None
         self.data: KVPageData | None = None
@@ -341,18 +319,14 @@ class TangramServing:
         return [self.row_to_rid[int(r)] for r in rows]
 
     # -- decode capacity ------------------------------------------------------------------------
-    def decode_shortfall(self, rids) -> int:
-        """Pages the next decode step needs beyond reservations and free pages (0 = it fits)."""
-        return max(0, self.cache.decode_pages_needed(rids) - self.cache.pool.available)
-
     def ensure_decode_room(self, rids) -> bool:
         """SGLang's decode capacity check: evict tree leaves until the next decode step of rids
         fits, then reserve its pages (nothing can take them before the step runs: a decode
         step never lacks pages); False if it cannot fit (SGLang retracts)."""
-        while (short := self.decode_shortfall(rids)) > 0:
+        while (short := self.cache.reserve_decode_step(rids)) > 0:
             if self.tree is None or not self.tree.evict_pages(short):
                 return False
-        return self.cache.reserve_decode_step(rids)
+        return True
 
     # -- observability --------------------------------------------------------------------------
     def pool_info(self) -> dict:
@@ -462,7 +436,7 @@ class TangramServing:
 
         Host work is O(batch x virtual layers): the pool appends the pages this step opens,
         and only those cross to the device tables, which compute the write slots there."""
-        rows = self.decode_rows.rows(rids, self._decode_rows)
+        rows = self.decode_rows.get(rids, self._decode_rows)
         step = self.cache.decode_step(rids, locs=False)
         if step is None and self.ensure_decode_room(rids):  # SGLang's capacity check reserved this
             step = self.cache.decode_step(rids, locs=False)  # step's pages: only a caller that skipped it
