@@ -130,6 +130,7 @@ def _internal_state(result, controller, *args, **kwargs):
         "running": len(scheduler.running_batch.reqs), "waiting": len(scheduler.waiting_queue),
         "peak_running": getattr(scheduler, "tangram_peak_running", 0),
     }
+    result.internal_state["overlap_schedule"] = scheduler.enable_overlap
     return result
 
 

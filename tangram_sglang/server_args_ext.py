@@ -42,16 +42,18 @@ def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> No
 
 def serving_overrides(profile_path: str | None) -> dict:
     """ServerArgs fields a served profile needs: the Tangram backend and tree, logical page 1,
-    chunked prefill in the profile's compression chunks, no overlap scheduling or CUDA graphs
-    (the backend's per-batch metadata is built on the host)."""
+    chunked prefill in the profile's compression chunks, no CUDA graphs (the decode inputs are not
+    yet in static buffers). Overlap scheduling stays as SGLang sets it: a request that finished
+    in step t runs once more in step t+1 (its KV slot reserved by the capacity check like any
+    other) and is released after, so the pool and the tree see what they see without it."""
     if profile_path is None:
         return {}
     from .serving.runtime import chunk_size_of
 
     profile = load_profile(os.path.abspath(os.path.expanduser(profile_path)))
     return {"attention_backend": "tangram", "radix_cache_backend": "tangram", "page_size": 1,
-            "chunked_prefill_size": chunk_size_of(profile), "disable_overlap_schedule": True,
-            "disable_cuda_graph": True, "enable_mixed_chunk": False}
+            "chunked_prefill_size": chunk_size_of(profile), "disable_cuda_graph": True,
+            "enable_mixed_chunk": False}
 
 
 def _apply_overrides(target: dict, overrides: dict) -> None:

@@ -33,15 +33,35 @@ def test_stock_sglang_matches_hf_greedy(tiny_llama):
 
 
 def test_profile_reaches_spawned_scheduler(tiny_llama, tmp_path):
+    """A 1.0 profile is lossless under SGLang's overlap scheduler (on by default): the HF tokens,
+    and a second turn that continues each first turn reads its whole history from the tree
+    (the finished request's extra overlap step leaves nothing behind) and still gets the HF tokens."""
+    from transformers import LlamaForCausalLM
+
+    from tiny_model import hf_greedy
+
     path, prompts, hf = tiny_llama
     profile = tmp_path / "u.yaml"
     write_uniform(["--model-path", path, "--ratio", "1.0", "-o", str(profile)])
-    outs, info = run_engine(path, prompts, tangram_profile=str(profile))
+    turn2 = [p + o + [5, 6, 7] for p, o in zip(prompts, hf)]
+    engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=2048,
+                           log_level="error", tangram_profile=str(profile))
+    try:
+        outs = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=SAMPLING)]
+        second = engine.generate(input_ids=turn2, sampling_params=SAMPLING)
+        state = engine.get_server_info()["internal_states"][0]
+    finally:
+        engine.shutdown()
+        atexit.unregister(engine.shutdown)
+    info = state["tangram"]
+    assert state["overlap_schedule"] is True
     assert info["profile"] == str(profile) and info["ratio"] == 1.0
     assert info["virtual_layers"] == 2 * 2 and info["pool"] == "ragged"
     pool = info["pool_info"]
     assert pool["integrity"] == "ok" and pool["pages_total"] == 2048 * (2 * 2 * 2 * 16 * 4) // pool["page_bytes"]  # stock bytes
     assert outs == hf  # a 1.0 profile on the ragged pool is lossless
+    assert [r["meta_info"]["cached_tokens"] for r in second] == [len(p) + len(o) - 1 for p, o in zip(prompts, hf)]
+    assert [r["output_ids"] for r in second] == hf_greedy(LlamaForCausalLM.from_pretrained(path).eval(), turn2)
 
 
 def _scorer_profile(tmp_path, model_path, method, ratio=0.4, chunk=48, **calibration):
