@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from fidelity_score import score, wilson
+
+# the kvpress setting that runs the same scoring method as a profile's scorer
+PEER = {"snapkv": "kvpress-snapkv", "kvzip": "kvpress-kvzip", "fastkvzip": "kvpress-kvzip"}
 
 
 def _rows_for(store, model, setting, ratio, convs, version):
@@ -34,6 +38,12 @@ def _profile_kept(path: str) -> dict:
     return out
 
 
+def _profile_method(path: str) -> str:
+    from tangram_sglang.profile import load_profile
+
+    return load_profile(path).calibration.method if os.path.exists(path) else ""
+
+
 def _answer(row: dict, eos: int) -> list[int]:
     """Answer ids without the end-of-sequence token the server returns (the oracle and kvpress drop it)."""
     ids = list(row["answer_ids"])
@@ -44,6 +54,7 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile: str
     full_rows = _rows_for(store, model, "full", 1.0, convs, versions.get("full", ""))
     full_ids = {cid: _answer(r, tok.eos_token_id) for cid, r in full_rows.items()}
     prof_kept = _profile_kept(profile)
+    method = _profile_method(profile)
     by_conv = {c.id: c.to_json() for c in convs}
     out = []
     for setting in settings:
@@ -78,7 +89,8 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile: str
                 degenerate=sum(s["degenerate"] for s in scored), kept_share=kept_share,
                 degenerate_ids=sorted(cid for cid, sc in zip(rows, scored) if sc["degenerate"]),
                 fact_kept=(sum(facts) / len(facts)) if facts else None,
-                saved_vs_full_kv=pool["pool_info"]["saved_vs_full_kv"] if pool else None))
+                saved_vs_full_kv=pool["pool_info"]["saved_vs_full_kv"] if pool else None,
+                method=method, outcomes={cid: [sc["correct"], sc["degenerate"]] for cid, sc in zip(rows, scored)}))
     return out
 
 
@@ -96,7 +108,7 @@ def markdown(summary: list[dict], cmd: str) -> str:
         lines.append(f"| {s['model']} | {s['setting']} | {s['ratio']:g} | {kept} | {acc} "
                      f"| {s['retrieval_correct']}/{s['retrieval_n']} | {s['replay_agree']}/{s['replay_n']} "
                      f"| {s['degenerate']}/{s['n']} | {fact} | {saved} |")
-    return "\n".join(lines + degenerate_lines(summary)) + "\n"
+    return "\n".join(lines + degenerate_lines(summary) + paired_lines(summary)) + "\n"
 
 
 def degenerate_lines(summary: list[dict]) -> list[str]:
@@ -122,6 +134,69 @@ def degenerate_lines(summary: list[dict]) -> list[str]:
         own = "" if dyn is None else \
             f"; neither full KV nor dynamic: {sum(c not in full and c not in dyn for c in s['degenerate_ids'])}"
         out.append(f"- {s['model']} {s['setting']} {s['ratio']:g}: {', '.join(marks)}{own}")
+    return out
+
+
+def sign_test(b: int, c: int) -> float:
+    """Two-sided exact p-value of b against c discordant pairs (McNemar's exact test)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n)
+
+
+def paired(a: dict, b: dict, field: int) -> tuple[int, int, int, int, int]:
+    """(a's count, b's count, only a, only b, n) of outcome `field` (0 correct, 1 degenerate) over
+    the conversations both rows judged."""
+    both = [c for c in a["outcomes"] if c in b["outcomes"] and a["outcomes"][c][field] is not None
+            and b["outcomes"][c][field] is not None]
+    x = [bool(a["outcomes"][c][field]) for c in both]
+    y = [bool(b["outcomes"][c][field]) for c in both]
+    return (sum(x), sum(y), sum(p and not q for p, q in zip(x, y)), sum(q and not p for p, q in zip(x, y)),
+            len(both))
+
+
+def comparisons(summary: list[dict]) -> list[tuple[dict, dict, str, int]]:
+    """(Tangram row, other row, what the issue asks, field) for every comparison the targets name:
+    Tangram vs the dynamic method and vs uniform at the same ratio (accuracy), and vs kvpress's
+    same method at the nearest kept share (degenerate answers)."""
+    def find(model, setting, ratio=None):
+        return [s for s in summary if s["model"] == model and s["setting"] == setting
+                and (ratio is None or s["ratio"] == ratio)]
+
+    out = []
+    for t in summary:
+        if not t["setting"].startswith("tangram") or t.get("outcomes") is None:
+            continue
+        for name, want in (("dynamic", "within 2 points"), ("uniform", "at least as good")):
+            for o in find(t["model"], t["setting"].replace("tangram", name, 1), t["ratio"]):
+                out.append((t, o, want, 0))
+        peers = find(t["model"], PEER.get(t.get("method", ""), ""))
+        if peers and t["kept_share"] is not None:
+            near = min(peers, key=lambda s: abs(s["kept_share"] - t["kept_share"]))
+            out.append((t, near, "degenerate no more often", 1))
+    return out
+
+
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}" if p < 0.01 else f"{p:.2f}"
+
+
+def paired_lines(summary: list[dict]) -> list[str]:
+    rows = comparisons(summary)
+    if not rows:
+        return []
+    out = ["", "Paired on the same conversations (only A / only B: conversations where one is right, or "
+           "degenerates, and the other not; p: exact two-sided sign test on those, so p > 0.05 means the "
+           "two cannot be told apart at this many conversations):", "",
+           "| model | A | B | target (A vs B) | measure | A | B | only A / only B | p |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for a, b, want, field in rows:
+        x, y, only_a, only_b, n = paired(a, b, field)
+        measure = "right" if field == 0 else "degenerate"
+        out.append(f"| {a['model']} | {a['setting']} {a['ratio']:g} ({100 * a['kept_share']:.0f}% kept) "
+                   f"| {b['setting']} {b['ratio']:g} ({100 * b['kept_share']:.0f}%) | {want} | {measure} "
+                   f"| {x}/{n} | {y}/{n} | {only_a} / {only_b} | {_p(sign_test(only_a, only_b))} |")
     return out
 
 
@@ -187,7 +262,7 @@ def write_report(store, tables, args, tok_of) -> None:
     stem = args.name or ("fidelity_quick" if args.quick else "fidelity")
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, stem + ".json"), "w") as f:
-        json.dump(summary, f, indent=1)
+        f.write("[\n" + ",\n".join(json.dumps(s) for s in summary) + "\n]\n")  # one row per line
     md = markdown(summary, cmd.strip())
     with open(os.path.join(args.out_dir, stem + ".md"), "w") as f:
         f.write(md)
