@@ -158,8 +158,9 @@ def paired(a: dict, b: dict, field: int) -> tuple[int, int, int, int, int]:
 
 def comparisons(summary: list[dict]) -> list[tuple[dict, dict, str, int]]:
     """(Tangram row, other row, what the issue asks, field) for every comparison the targets name:
-    Tangram vs the dynamic method and vs uniform at the same ratio (accuracy), and vs kvpress's
-    same method at the nearest kept share (degenerate answers)."""
+    Tangram vs the dynamic method and vs uniform at the same ratio (accuracy), vs the dynamic
+    method run at Tangram's kept share (within 2 points of it, when such a row exists), and vs
+    kvpress's same method at the nearest kept share (degenerate answers)."""
     def find(model, setting, ratio=None):
         return [s for s in summary if s["model"] == model and s["setting"] == setting
                 and (ratio is None or s["ratio"] == ratio)]
@@ -171,6 +172,11 @@ def comparisons(summary: list[dict]) -> list[tuple[dict, dict, str, int]]:
         for name, want in (("dynamic", "within 2 points"), ("uniform", "at least as good")):
             for o in find(t["model"], t["setting"].replace("tangram", name, 1), t["ratio"]):
                 out.append((t, o, want, 0))
+        dyn = find(t["model"], t["setting"].replace("tangram", "dynamic", 1))
+        if dyn and t["kept_share"] is not None:   # the dynamic method given Tangram's KV, when it was run
+            near = min(dyn, key=lambda s: abs(s["kept_share"] - t["kept_share"]))
+            if near["ratio"] != t["ratio"] and abs(near["kept_share"] - t["kept_share"]) < 0.02:
+                out.append((t, near, "within 2 points at equal KV", 0))
         peers = find(t["model"], PEER.get(t.get("method", ""), ""))
         if peers and t["kept_share"] is not None:
             near = min(peers, key=lambda s: abs(s["kept_share"] - t["kept_share"]))
