@@ -227,8 +227,10 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
     torch.set_num_threads(1)
     prof = load_profile(os.path.join(ROOT, PROFILES[model]))
     scorer = profile_scorer(prof, os.path.join(ROOT, PROFILES[model]))
-    entry = prof.select(ratio)
     base = setting.split("@")[0].split("[")[0]
+    # the dynamic method reads only the entry's head groups (its keep set comes from the ratio),
+    # so it also runs at ratios the profile was not calibrated for (e.g. Tangram's kept share)
+    entry = min(prof.entries, key=lambda e: abs(e.ratio - ratio)) if base == "dynamic" else prof.select(ratio)
     if base == "static":
         selection = ProfileSelection(entry)
     elif base == "dynamic":
