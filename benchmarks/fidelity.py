@@ -347,6 +347,8 @@ def main(argv=None) -> None:
     from models import ensure_model
     from transformers import AutoTokenizer
 
+    from tangram_sglang.profile import load_profile
+
     store = RunStore(args.runs)
     if args.carry_from:
         return carry_over(store, args)
@@ -361,11 +363,16 @@ def main(argv=None) -> None:
         profile = os.path.join(ROOT, PROFILES[model])
         if not os.path.exists(profile):
             log(f"{model}: no profile {PROFILES[model]}: only full KV and kvpress run")
+        held = load_profile(profile).ratios if os.path.exists(profile) else ()
         for setting in args.settings:
             if setting not in ("full", *KVPRESS) and not os.path.exists(profile):
                 continue
-            version = code_version(setting, profile)
+            version, base = code_version(setting, profile), setting.split("@")[0].split("[")[0]
             for ratio in ([1.0] if setting == "full" else args.ratios):
+                if base in ("tangram", "static", "uniform") and not any(abs(r - ratio) < 1e-9 for r in held):
+                    # served and static settings need the profile's own entry; the dynamic method and kvpress don't
+                    log(f"{model} {setting} {ratio:g}: skipped, the profile holds only {list(held)}")
+                    continue
                 todo = [c for c in convs if RunStore.key(model, setting, ratio, c, version) not in store.rows]
                 if args.limit:
                     todo = todo[: args.limit]

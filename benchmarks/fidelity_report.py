@@ -23,25 +23,20 @@ def _rows_for(store, model, setting, ratio, convs, version):
     return out
 
 
-def _profile_kept(path: str) -> dict:
-    """Kept share of the served profile per ratio: the mean per-head group budget (chunk rounding aside)."""
+def _profile_info(path: str) -> tuple[dict, str]:
+    """(kept share of the served profile per ratio: the mean per-head group budget, chunk rounding
+    aside; the profile's scoring method), or ({}, "") without a profile."""
     from tangram_sglang.profile import load_profile
 
     if not os.path.exists(path):
-        return {}
+        return {}, ""
     prof = load_profile(path)
     out = {}
     for e in prof.entries:
         per_head = [e.group_budget[l][g] for l, groups in enumerate(e.groups) for g, hs in enumerate(groups)
                     for _ in hs]
         out[round(e.ratio, 4)] = float(sum(per_head) / len(per_head))
-    return out
-
-
-def _profile_method(path: str) -> str:
-    from tangram_sglang.profile import load_profile
-
-    return load_profile(path).calibration.method if os.path.exists(path) else ""
+    return out, prof.calibration.method
 
 
 def _answer(row: dict, eos: int) -> list[int]:
@@ -53,8 +48,7 @@ def _answer(row: dict, eos: int) -> list[int]:
 def summarize(store, model, convs, versions, ratios, settings, tok, profile: str) -> list[dict]:
     full_rows = _rows_for(store, model, "full", 1.0, convs, versions.get("full", ""))
     full_ids = {cid: _answer(r, tok.eos_token_id) for cid, r in full_rows.items()}
-    prof_kept = _profile_kept(profile)
-    method = _profile_method(profile)
+    prof_kept, method = _profile_info(profile)
     by_conv = {c.id: c.to_json() for c in convs}
     out = []
     for setting in settings:
@@ -163,7 +157,7 @@ def comparisons(summary: list[dict]) -> list[tuple[dict, dict, str, int]]:
     kvpress's same method at the nearest kept share (degenerate answers)."""
     def find(model, setting, ratio=None):
         return [s for s in summary if s["model"] == model and s["setting"] == setting
-                and (ratio is None or s["ratio"] == ratio)]
+                and (ratio is None or s["ratio"] == ratio) and s["kept_share"] is not None]
 
     out = []
     for t in summary:
@@ -173,7 +167,7 @@ def comparisons(summary: list[dict]) -> list[tuple[dict, dict, str, int]]:
             for o in find(t["model"], t["setting"].replace("tangram", name, 1), t["ratio"]):
                 out.append((t, o, want, 0))
         dyn = find(t["model"], t["setting"].replace("tangram", "dynamic", 1))
-        if dyn and t["kept_share"] is not None:   # the dynamic method given Tangram's KV, when it was run
+        if dyn and t["kept_share"] is not None:  # the dynamic method given Tangram's KV, when it was run
             near = min(dyn, key=lambda s: abs(s["kept_share"] - t["kept_share"]))
             if near["ratio"] != t["ratio"] and abs(near["kept_share"] - t["kept_share"]) < 0.02:
                 out.append((t, near, "within 2 points at equal KV", 0))

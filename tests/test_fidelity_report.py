@@ -31,7 +31,8 @@ def test_paired_counts_only_conversations_both_judged():
 def test_comparisons_pair_same_ratio_and_nearest_kvpress_kept_share():
     oc = {"c1": [True, False]}
     rows = [_row("tangram[fastkvzip]", 0.25, 0.32, oc, "fastkvzip"), _row("dynamic[fastkvzip]", 0.25, 0.3, oc),
-            _row("dynamic[fastkvzip]", 0.5, 0.5, oc), _row("dynamic[fastkvzip]", 0.33, 0.33, oc), _row("uniform[fastkvzip]", 0.25, 0.35, oc),
+            _row("dynamic[fastkvzip]", 0.5, 0.5, oc), _row("dynamic[fastkvzip]", 0.33, 0.33, oc),
+            _row("uniform[fastkvzip]", 0.25, 0.35, oc),
             _row("kvpress-kvzip", 0.25, 0.25, oc), _row("kvpress-kvzip", 0.32, 0.32, oc),
             _row("kvpress-snapkv", 0.32, 0.32, oc)]
     got = [(b["setting"], b["ratio"], field) for _, b, _, field in comparisons(rows)]
