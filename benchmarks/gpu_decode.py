@@ -8,7 +8,8 @@ and FlashInfer's per-layer planning. Needs torch (CUDA), Triton, nvcc; not sglan
 1. Check: Triton and CUDA decode against the torch reference on the GPU
    (fp32 and bf16, odd sizes, empty groups, page sizes 1 and 16, GQA 1 and 4),
    the Triton decode reading a larger table through rows (the served path), and
-   the Triton chunk prefill against the torch reference (chunks 17 / 1 / 0 / 54).
+   the Triton chunk prefill against the torch reference (chunks 17 / 1 / 0 / 54),
+   and the served decode under a real CUDA graph (served_graph_check).
 2. Time one decode step (all L layers) of B requests of context N per workload
    (a profile exported to benchmarks/profiles/*.json): each group holds
    ceil(beta_g N) slots. Strategies: the same kernel with uniform splits
@@ -106,6 +107,89 @@ def served_path_checks(c, q, split, dtype, dev: str, shape) -> list[dict]:
     for r in out:
         r["ok"] = r["max_abs_err"] <= tol
     return out
+
+
+class CudaGraph:
+    """fn captured once (after a warm-up on a side stream, which compiles the kernels); replay()
+    re-launches its kernels on the tensors they read at capture."""
+
+    def __init__(self, fn):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            fn()
+
+    def replay(self):
+        self.graph.replay()
+        torch.cuda.synchronize()
+
+
+class Rerun:
+    """CPU dry run of served_graph_check (Triton interpreter): replay() runs fn again."""
+
+    def __init__(self, fn):
+        self.replay = fn
+        fn()
+
+
+def served_graph_check(dev: str, bucket: int = 8, graph_cls=CudaGraph) -> list[dict]:
+    """The served decode step under a CUDA graph, as the backend runs it: a TangramServing pool
+    (serving/testing.py: SmolLM2's shape, smollm2-snapkv at 0.25, five requests prefilled),
+    DecodeGraph's static plan, the decode K/V write and the Triton decode of every layer
+    captured once for a batch of `bucket`, then replayed over changing batches with padding;
+    against the same steps run eagerly on a twin pool. ok: outputs within 1e-5, padding rows
+    zero, pools equal (scratch page aside), integrity checks pass."""
+    from tangram_sglang.attention.kv_write import write_decode_kv
+    from tangram_sglang.attention.triton_decode import ragged_decode_triton
+    from tangram_sglang.serving.decode_graph import DecodeGraph
+    from tangram_sglang.serving.testing import D, HQ, STEPS, served_pool, step_inputs
+
+    profile = os.path.join(ROOT, "configs", "smollm2-snapkv.yaml")
+    eager, graphed = served_pool(profile, dev), served_pool(profile, dev)
+    L = graphed.spec.num_layers
+
+    def forward(s, plan, q, k, v):
+        outs = []
+        for l in range(L):
+            write_decode_kv(k[l], v[l], plan.out_loc[l], s.metas[l], s.data.k_pages, s.data.v_pages)
+            outs.append(ragged_decode_triton(q[l], s.data.k_pages, s.data.v_pages, plan.block_table[l],
+                                             plan.seq_lens[l], s.metas[l], s.split_rows[l], D ** -0.5,
+                                             rows=plan.rows))
+        return outs
+
+    graph = DecodeGraph(graphed, max_bs=bucket, rows=16, context_len=256, device=dev)
+    static = [t.clone() for t in step_inputs(L, bucket, 99, dev)]
+    out = torch.zeros(L, bucket, HQ, D, device=dev)
+    plan = graph.prepare([], bucket)
+    runner = graph_cls(lambda: out.copy_(torch.stack(forward(graphed, plan, *static))))
+    err, pad_zero, pools_equal = 0.0, True, True
+    for step, rids in enumerate(STEPS):
+        n = len(rids)
+        for s in (eager, graphed):
+            if not s.ensure_decode_room(rids):
+                raise RuntimeError("served_graph_check: the pool ran out")
+        real = step_inputs(L, n, step, dev)
+        want = torch.stack(forward(eager, eager.decode_metadata(rids), *real))
+        graph.prepare(rids, bucket)
+        for buf, t in zip(static, real):
+            buf[:, :n].copy_(t)
+            buf[:, n:].normal_()
+        runner.replay()
+        err = max(err, (out[:, :n] - want).abs().max().item())
+        pad_zero &= bool((out[:, n:] == 0).all())
+        for s in (eager, graphed):
+            s.check_integrity()
+            s.tables.check_scratch()
+        last = eager.data.scratch_page
+        pools_equal &= all(torch.equal(a[:last], b[:last]) for a, b in
+                           ((eager.data.k_pages, graphed.data.k_pages), (eager.data.v_pages, graphed.data.v_pages)))
+    return [{"kernel": "served_decode_graph", "dtype": "float32", "H": 3, "gqa": 3,
+             "H_p": graphed.spec.heads_per_group, "page": 16, "max_abs_err": err, "padding_zero": pad_zero,
+             "pools_equal": pools_equal, "ok": err <= 1e-5 and pad_zero and pools_equal}]
 
 
 class Workload:
@@ -283,7 +367,7 @@ def main(argv=None) -> None:
     dev = "cuda"
     props = torch.cuda.get_device_properties(0)
     capacity = props.multi_processor_count * args.blocks_per_sm
-    checks = check(dev)
+    checks = check(dev) + served_graph_check(dev)
     print(json.dumps(checks), flush=True)
     rows = time_workloads(args, dev, capacity)
     slug = props.name.lower().replace(" ", "-")

@@ -33,6 +33,10 @@ OPTIONS = [  # (ServerArgs field, unsupported when, why)
     ("enable_pdmux", bool, "PD multiplexing: runs prefill and decode on separate streams over SGLang's pool"),
     ("enable_torch_compile", bool, "torch.compile: traces the attention backend's host-side planning"),
     ("enable_multimodal", bool, "multimodal inputs: image/audio tokens are not calibrated"),
+    ("cuda_graph_backend_decode", lambda v: v not in (None, "full", "disabled"),
+     "breakable decode CUDA graphs: the Tangram backend captures full decode graphs only"),
+    ("cuda_graph_backend_prefill", lambda v: v not in (None, "disabled"),
+     "prefill CUDA graphs: compression plans each chunk on the host"),
 ]
 
 

@@ -20,6 +20,7 @@ CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
 SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 BEAMS = "sglang.srt.beam_search.coordinator.BeamCoordinator"
 METRICS = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
+DECODE_GRAPH = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 
 
 def _scheduler_pre_init(scheduler, server_args, *args, **kwargs):
@@ -119,6 +120,16 @@ def _register_serving_hooks(HookRegistry, HookType) -> None:
     HookRegistry.register(f"{BEAMS}.validate_and_init", scheduling.refuse_beam_search, HookType.AROUND)
     HookRegistry.register(f"{METRICS}.report_prefill_stats", _log_prefill_pool, HookType.AFTER)
     HookRegistry.register(f"{METRICS}.report_decode_stats", _log_decode_pool, HookType.AFTER)
+    HookRegistry.register(f"{DECODE_GRAPH}.execute", _graph_batch, HookType.BEFORE)
+
+
+def _graph_batch(runner, *args, **kwargs):
+    """BEFORE DecodeCudaGraphRunner.execute: hand the batch's request ids to a Tangram backend (the
+    replay view it is given carries none)."""
+    receive = getattr(getattr(runner, "attn_backend", None), "graph_batch", None)
+    forward_batch = kwargs.get("forward_batch", args[0] if args else None)
+    if receive is not None:
+        receive(getattr(forward_batch, "rids", None))
 
 
 def _internal_state(result, controller, *args, **kwargs):

@@ -40,20 +40,37 @@ def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> No
                             "torch (the reference), triton (on CPU only under TRITON_INTERPRET=1, for tests).")
 
 
-def serving_overrides(profile_path: str | None) -> dict:
+def serving_overrides(profile_path: str | None, data_plane: str | None = "auto", device: str | None = None) -> dict:
     """ServerArgs fields a served profile needs: the Tangram backend and tree, logical page 1,
-    chunked prefill in the profile's compression chunks, no CUDA graphs (the decode inputs are not
-    yet in static buffers). Overlap scheduling stays as SGLang sets it: a request that finished
-    in step t runs once more in step t+1 (its KV slot reserved by the capacity check like any
-    other) and is released after, so the pool and the tree see what they see without it."""
+    chunked prefill in the profile's compression chunks, no prefill CUDA graphs (compression
+    plans on the host per chunk), and decode CUDA graphs only where they can run: on CUDA with
+    the Triton data plane (decode_graphs_possible). Overlap scheduling stays as SGLang sets it: a
+    request that finished in step t runs once more in step t+1 (its KV slot reserved by the
+    capacity check like any other) and is released after, so the pool and the tree see what
+    they see without it."""
     if profile_path is None:
         return {}
     from .serving.runtime import chunk_size_of
 
     profile = load_profile(os.path.abspath(os.path.expanduser(profile_path)))
-    return {"attention_backend": "tangram", "radix_cache_backend": "tangram", "page_size": 1,
-            "chunked_prefill_size": chunk_size_of(profile), "disable_cuda_graph": True,
-            "enable_mixed_chunk": False}
+    out = {"attention_backend": "tangram", "radix_cache_backend": "tangram", "page_size": 1,
+           "chunked_prefill_size": chunk_size_of(profile), "disable_prefill_cuda_graph": True,
+           "enable_mixed_chunk": False}
+    if not decode_graphs_possible(data_plane, device):
+        out["disable_cuda_graph"] = True
+    return out
+
+
+def decode_graphs_possible(data_plane: str | None, device: str | None) -> bool:
+    """Decode CUDA graphs need a CUDA device (None: SGLang picks CUDA when torch sees one) and
+    the Triton data plane (the torch one syncs with the host inside attention)."""
+    if (data_plane or "auto") == "torch":
+        return False
+    if device is None:
+        import torch
+
+        return torch.cuda.is_available()
+    return str(device).startswith("cuda")
 
 
 def _apply_overrides(target: dict, overrides: dict) -> None:
@@ -111,7 +128,9 @@ def _check_data_plane(server_args, data_plane: str) -> None:
 def from_cli_args(original, cls, args: argparse.Namespace):
     """AROUND hook on ServerArgs.from_cli_args: a bad profile ends the launch with its error."""
     try:
-        _apply_overrides(vars(args), serving_overrides(getattr(args, "tangram_profile", None)))
+        _apply_overrides(vars(args), serving_overrides(getattr(args, "tangram_profile", None),
+                                                       getattr(args, "tangram_data_plane", "auto"),
+                                                       getattr(args, "device", None)))
         server_args = original(cls, args)
         attach_profile(server_args, getattr(args, "tangram_profile", None), getattr(args, "tangram_ratio", None),
                        getattr(args, "tangram_data_plane", "auto"))
@@ -128,7 +147,7 @@ def engine_server_args_factory(server_args_cls):
         profile = kwargs.pop("tangram_profile", None)
         ratio = kwargs.pop("tangram_ratio", None)
         data_plane = kwargs.pop("tangram_data_plane", "auto")
-        _apply_overrides(kwargs, serving_overrides(profile))
+        _apply_overrides(kwargs, serving_overrides(profile, data_plane, kwargs.get("device")))
         server_args = server_args_cls(**kwargs)
         attach_profile(server_args, profile, ratio, data_plane)
         return server_args

@@ -30,6 +30,8 @@ def profile(tiny_llama, tmp_path):
     (["--enable-streaming-session"], "--enable-streaming-session"),
     (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
     (["--enable-torch-compile"], "--enable-torch-compile"),
+    (["--cuda-graph-backend-decode", "breakable"], "--cuda-graph-backend-decode breakable"),
+    (["--cuda-graph-backend-prefill", "full"], "--cuda-graph-backend-prefill full"),
 ])
 def test_unsupported_option_stops_the_launch(tiny_llama, profile, capsys, extra, named):
     with pytest.raises(SystemExit) as info:
@@ -74,3 +76,15 @@ def test_mixed_chunked_prefill_is_refused():
     with pytest.raises(UnsupportedOption, match="--enable-mixed-chunk: not supported"):
         check_server_args(SimpleNamespace(enable_mixed_chunk=True, device="cpu"))
     check_server_args(SimpleNamespace(enable_mixed_chunk=False, device="cpu"))
+
+
+@pytest.mark.parametrize("device,plane,graphs", [
+    ("cpu", "auto", False), ("cuda", "auto", True), ("cuda", "triton", True), ("cuda", "torch", False)])
+def test_decode_cuda_graphs_stay_on_only_where_they_can_run(tiny_llama, profile, device, plane, graphs):
+    """A profile keeps SGLang's decode CUDA graphs on CUDA with the Triton data plane; prefill graphs
+    never (compression plans each chunk on the host)."""
+    from tangram_sglang.server_args_ext import serving_overrides
+
+    out = serving_overrides(profile, plane, device)
+    assert out["disable_prefill_cuda_graph"] is True
+    assert out.get("disable_cuda_graph", False) is (not graphs)

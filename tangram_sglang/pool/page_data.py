@@ -1,6 +1,10 @@
 """KVPageData: the K and V page tensors of the whole pool, on the serving device.
 
-    k_pages, v_pages: [num_pages, P, H_p, d] (spec.dtype), one pair for all virtual layers.
+    k_pages, v_pages: [num_pages + 1, P, H_p, d] (spec.dtype), one pair for all virtual layers.
+
+Page ``scratch_page`` (= num_pages, the last) is never handed out by the pool:
+padded entries of a CUDA-graph decode batch write their K/V there and nothing
+reads it.
 
 Head slot p of a page of virtual layer (l, g) holds KV head groups[l][g][p]; a
 group with fewer than H_p heads leaves its trailing head slots unused. A flat
@@ -18,9 +22,10 @@ from .spec import PoolSpec
 
 class KVPageData:
     def __init__(self, spec: PoolSpec, device: str | torch.device = "cpu"):
-        shape = (spec.num_pages, spec.page_size, spec.heads_per_group, spec.head_dim)
+        shape = (spec.num_pages + 1, spec.page_size, spec.heads_per_group, spec.head_dim)
         dtype = getattr(torch, spec.dtype)
         self.spec = spec
+        self.scratch_page = spec.num_pages
         self.k_pages = torch.zeros(shape, dtype=dtype, device=device)
         self.v_pages = torch.zeros(shape, dtype=dtype, device=device)
 

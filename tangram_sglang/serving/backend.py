@@ -20,9 +20,20 @@ decode: appends one slot per virtual layer). Per layer:
 Kernels (serving/data_plane.py, --tangram-data-plane): on CUDA the Triton
 split-map decode kernel and the Triton chunk prefill (no host sync); elsewhere
 the torch data plane of tangram_sglang.attention, their reference.
+
+CUDA graphs (decode only, Triton data plane): ``init_cuda_graph_state`` freezes
+the block tables at their largest size and allocates DecodeGraphBuffers; before
+each capture or replay ``init_forward_metadata_out_graph`` builds the eager plan of
+the batch's real entries (host control plane, as in eager decode) and copies it
+into the buffers, padding the rest of the bucket; the captured kernels read only
+those buffers, the frozen tables and the pages. The graph runner's batch view
+carries no request ids: ``graph_batch`` receives them from a hook on the runner
+(plugin.py), so no device read is needed to map rows to requests.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -32,9 +43,11 @@ from ..attention import compress_and_write, ragged_decode_torch, ragged_prefill_
 from ..attention.reconstruction import reconstruction_attention
 from ..server_args_ext import data_plane_request
 from .data_plane import choose_data_plane
+from .decode_graph import DecodeGraph
 from .reconstruction import ReconstructionPass, run_reconstruction
 
 CPU_TILE = 256
+logger = logging.getLogger("tangram_sglang")
 
 
 def hook_hidden_inputs(model, store: dict) -> bool:
@@ -77,6 +90,43 @@ class TangramAttnBackend(AttentionBackend):
 
             self._decode_triton, self._prefill_triton = ragged_decode_triton, ragged_prefill_chunk_triton
         self.serving.data_plane = self.data_plane
+        self.graph: DecodeGraph | None = None
+        self.graph_rids: list | None = None
+
+    # -- CUDA graphs (decode) -------------------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        if self.data_plane != "triton":
+            raise RuntimeError(f"tangram: CUDA graphs need the Triton data plane (this server runs "
+                               f"{self.data_plane!r}); pass --disable-cuda-graph")
+        if self.graph is not None:
+            return
+        tables = self.serving.tables
+        rows = int(self.runner.req_to_token_pool.size) + 1   # SGLang's rows, with room for its padding row
+        self.graph = DecodeGraph(self.serving, max_bs, rows, int(self.runner.model_config.context_len), self.device)
+        logger.info("Tangram CUDA graphs: decode buckets up to %d; block tables frozen at %s (%.1f MiB)",
+                    max_bs, "x".join(map(str, tables.pages.shape)), tables.nbytes() / 2**20)
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
+
+    def graph_batch(self, rids) -> None:
+        """The request ids of the batch the graph runner is about to replay (plugin hook)."""
+        self.graph_rids = None if rids is None else list(rids)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        """Capture or replay of a decode graph: the batch's plan into the static buffers."""
+        if self.graph is None or not forward_batch.forward_mode.is_decode():
+            raise RuntimeError(f"tangram: graph metadata for {forward_batch.forward_mode} without decode graph state")
+        bs = int(forward_batch.batch_size)
+        raw = 0 if in_capture else bs - int(getattr(forward_batch, "num_padding", 0) or 0)
+        rids = self.graph_rids if raw else []
+        if rids is None or len(rids) != raw:   # no hook ran: map rows to requests (a device read)
+            rids = self.serving.rids_of_rows(forward_batch.req_pool_indices[:raw].tolist())
+        self.graph_rids = None
+        self.plan = self.graph.prepare(rids, bs)
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        pass  # everything is prepared out of the graph, into static buffers
 
     def init_forward_metadata(self, forward_batch):
         mode = forward_batch.forward_mode

@@ -11,7 +11,10 @@ vectorized block table, 4.2.3):
     lens   int32 [R, V]        slots held, v = l * G + g
 
 R (SGLang req_pool_idx rows) and W (pages of the longest (row, v)) grow by
-doubling when a larger row or page count shows up.
+doubling when a larger row or page count shows up, until ``freeze``: CUDA-graph
+decode reads the tables at captured addresses, so they are then allocated once at
+their largest size (every SGLang row, the longest context) plus a scratch row
+whose lens stay 0 (the rows of a graph batch's padding entries).
 
 * ``load``: whole rows copied from the host (an extend: its work is O(context) anyway).
 * ``decode``: one new slot per (row, v). The host sends only the rows and the pages
@@ -41,17 +44,37 @@ class DeviceBlockTables:
         v = torch.arange(num_layers * num_groups, device=self.device)
         self._layer, self._group = (v // num_groups)[None, :], (v % num_groups)[None, :]   # [1, V]
         self.owner: dict[int, object] = {}   # row -> rid whose pages it mirrors
+        self.scratch_row: int | None = None  # set by freeze
+
+    def freeze(self, rows: int, width: int) -> None:
+        """Allocate room for rows 0..rows-1 and width pages per (row, v) once, plus the scratch
+        row (index rows); no growth after (a larger row or width raises PoolError). Rows
+        already mirrored are kept."""
+        L, old_rows, G, cap = self.pages.shape
+        if rows < old_rows or width < cap:
+            raise PoolError(f"device block tables: cannot freeze at {rows} rows x {width} pages, "
+                            f"below the {old_rows} x {cap} already held")
+        self._ensure(rows, width, exact=True)
+        self.scratch_row = rows
+
+    def nbytes(self) -> int:
+        return self.pages.numel() * self.pages.element_size() + self.lens.numel() * self.lens.element_size()
 
     @property
     def num_virtual(self) -> int:
         return self.num_layers * self.num_groups
 
-    def _ensure(self, max_row: int, width: int) -> None:
+    def _ensure(self, max_row: int, width: int, exact: bool = False) -> None:
         L, rows, G, cap = self.pages.shape
         if max_row < rows and width <= cap:
+            if self.scratch_row is not None and max_row == self.scratch_row:
+                raise PoolError(f"device block tables: row {max_row} is the graph scratch row")
             return
-        new_rows = rows if max_row < rows else max(2 * rows, max_row + 1)
-        new_cap = cap if width <= cap else max(2 * cap, width)
+        if self.scratch_row is not None:
+            raise PoolError(f"device block tables frozen at {self.scratch_row} rows x {cap} pages for CUDA "
+                            f"graphs: row {max_row} with {width} pages does not fit")
+        new_rows = max_row + 1 if exact else (rows if max_row < rows else max(2 * rows, max_row + 1))
+        new_cap = width if exact else (cap if width <= cap else max(2 * cap, width))
         pages = torch.zeros(L, new_rows, G, new_cap, dtype=torch.int32, device=self.device)
         pages[:, :rows, :, :cap] = self.pages
         lens = torch.zeros(new_rows, L * G, dtype=torch.int32, device=self.device)
@@ -116,6 +139,11 @@ class DeviceBlockTables:
         if lens is None:
             return table, self.seq_lens(r)
         return table, lens.view(len(rows), self.num_layers, self.num_groups).permute(1, 0, 2).contiguous()
+
+    def check_scratch(self) -> None:
+        """Raise PoolError if a graph padding entry ever grew the scratch row."""
+        if self.scratch_row is not None and bool((self.lens[self.scratch_row] != 0).any()):
+            raise PoolError("device block tables: the graph scratch row holds slots")
 
     def check(self, row: int, host: RequestPages) -> None:
         """Raise PoolError if the device row differs from the host pool's pages or lens."""
