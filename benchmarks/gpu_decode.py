@@ -136,29 +136,28 @@ class Rerun:
         fn()
 
 
-def served_graph_check(dev: str, bucket: int = 8, graph_cls=CudaGraph) -> list[dict]:
+def served_graph_check(dev: str, bucket: int = 8, graph_cls=CudaGraph, kernel: str = "triton") -> list[dict]:
     """The served decode step under a CUDA graph, as the backend runs it: a TangramServing pool
     (serving/testing.py: SmolLM2's shape, smollm2-snapkv at 0.25, five requests prefilled),
     DecodeGraph's static plan, the decode K/V write and the Triton decode of every layer
     captured once for a batch of `bucket`, then replayed over changing batches with padding;
     against the same steps run eagerly on a twin pool. ok: outputs within 1e-5, padding rows
-    zero, pools equal (scratch page aside), integrity checks pass."""
+    zero, pools equal (scratch page aside), integrity checks pass. kernel: the decode kernel
+    (triton, or cuda: --tangram-data-plane cuda)."""
     from tangram_sglang.attention.kv_write import write_decode_kv
-    from tangram_sglang.attention.triton_decode import ragged_decode_triton
     from tangram_sglang.serving.decode_graph import DecodeGraph
     from tangram_sglang.serving.testing import D, HQ, STEPS, served_pool, step_inputs
 
     profile = os.path.join(ROOT, "configs", "smollm2-snapkv.yaml")
     eager, graphed = served_pool(profile, dev), served_pool(profile, dev)
-    L = graphed.spec.num_layers
+    L, decode = graphed.spec.num_layers, kernels()[kernel]
 
     def forward(s, plan, q, k, v):
         outs = []
         for l in range(L):
             write_decode_kv(k[l], v[l], plan.out_loc[l], s.metas[l], s.data.k_pages, s.data.v_pages)
-            outs.append(ragged_decode_triton(q[l], s.data.k_pages, s.data.v_pages, plan.block_table[l],
-                                             plan.seq_lens[l], s.metas[l], s.split_rows[l], D ** -0.5,
-                                             rows=plan.rows))
+            outs.append(decode(q[l], s.data.k_pages, s.data.v_pages, plan.block_table[l],
+                               plan.seq_lens[l], s.metas[l], s.split_rows[l], D ** -0.5, rows=plan.rows))
         return outs
 
     graph = DecodeGraph(graphed, max_bs=bucket, rows=16, context_len=256, device=dev)
@@ -187,7 +186,7 @@ def served_graph_check(dev: str, bucket: int = 8, graph_cls=CudaGraph) -> list[d
         last = eager.data.scratch_page
         pools_equal &= all(torch.equal(a[:last], b[:last]) for a, b in
                            ((eager.data.k_pages, graphed.data.k_pages), (eager.data.v_pages, graphed.data.v_pages)))
-    return [{"kernel": "served_decode_graph", "dtype": "float32", "H": 3, "gqa": 3,
+    return [{"kernel": f"served_decode_graph_{kernel}", "dtype": "float32", "H": 3, "gqa": 3,
              "H_p": graphed.spec.heads_per_group, "page": 16, "max_abs_err": err, "padding_zero": pad_zero,
              "pools_equal": pools_equal, "ok": err <= 1e-5 and pad_zero and pools_equal}]
 
@@ -367,7 +366,7 @@ def main(argv=None) -> None:
     dev = "cuda"
     props = torch.cuda.get_device_properties(0)
     capacity = props.multi_processor_count * args.blocks_per_sm
-    checks = check(dev) + served_graph_check(dev)
+    checks = check(dev) + served_graph_check(dev) + served_graph_check(dev, kernel="cuda")
     print(json.dumps(checks), flush=True)
     rows = time_workloads(args, dev, capacity)
     slug = props.name.lower().replace(" ", "-")

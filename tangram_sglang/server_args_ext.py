@@ -25,7 +25,7 @@ logger = logging.getLogger("tangram_sglang")
 PROFILE_ATTR = "_tangram_profile"
 RATIO_ATTR = "_tangram_ratio"
 DATA_PLANE_ATTR = "_tangram_data_plane"
-DATA_PLANES = ("auto", "torch", "triton")
+DATA_PLANES = ("auto", "torch", "triton", "cuda")
 
 
 def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> None:
@@ -37,7 +37,8 @@ def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> No
                        help="Which target ratio of the profile to serve (default: the profile's default_ratio).")
     group.add_argument("--tangram-data-plane", choices=DATA_PLANES, default="auto",
                        help="Attention kernels: auto (Triton on CUDA, the torch data plane elsewhere), "
-                            "torch (the reference), triton (on CPU only under TRITON_INTERPRET=1, for tests).")
+                            "torch (the reference), triton (on CPU only under TRITON_INTERPRET=1, for tests), "
+                            "cuda (the CUDA decode kernel, compiled at start, with the Triton prefill).")
 
 
 def serving_overrides(profile_path: str | None, data_plane: str | None = "auto", device: str | None = None) -> dict:
@@ -63,7 +64,7 @@ def serving_overrides(profile_path: str | None, data_plane: str | None = "auto",
 
 def decode_graphs_possible(data_plane: str | None, device: str | None) -> bool:
     """Decode CUDA graphs need a CUDA device (None: SGLang picks CUDA when torch sees one) and
-    the Triton data plane (the torch one syncs with the host inside attention)."""
+    the kernels (triton or cuda data plane; the torch one syncs with the host inside attention)."""
     if (data_plane or "auto") == "torch":
         return False
     if device is None:

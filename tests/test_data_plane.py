@@ -23,14 +23,28 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
     assert choose_data_plane("triton", "cpu") == "triton"
 
 
+def test_cuda_kernel_needs_a_gpu_and_nvcc(monkeypatch):
+    """--tangram-data-plane cuda: the CUDA decode kernel, compiled at start; never chosen by auto."""
+    pytest.importorskip("triton")
+    import tangram_sglang.serving.data_plane as dp
+
+    with pytest.raises(DataPlaneError, match="cuda on cpu: the CUDA decode kernel needs a GPU"):
+        choose_data_plane("cuda", "cpu")
+    monkeypatch.setattr(dp.shutil, "which", lambda name: None)
+    with pytest.raises(DataPlaneError, match="nvcc is not on the PATH"):
+        choose_data_plane("cuda", "cuda:0")
+    monkeypatch.setattr(dp.shutil, "which", lambda name: "/usr/bin/" + name)
+    assert choose_data_plane("cuda", "cuda:0") == "cuda"
+
+
 def test_bad_choice_and_choice_without_profile_are_refused():
     class Args:
         model_path = None
 
     with pytest.raises(ProfileError, match="tangram_data_plane"):
         attach_profile(Args(), None, None, "triton")
-    with pytest.raises(ProfileError, match="'cuda' is not one of"):
-        attach_profile(Args(), None, None, "cuda")
+    with pytest.raises(ProfileError, match="'gpu' is not one of"):
+        attach_profile(Args(), None, None, "gpu")
     attach_profile(Args(), None, None, "auto")  # nothing asked, nothing recorded
 
 

@@ -31,11 +31,11 @@ BUCKETS = (2, 4, 8)
 NO_HOOK = 3               # this step runs without the runner hook: the backend reads the view's rows
 
 
-def served(graph: bool):
+def served(graph: bool, plane: str = "triton"):
     serving = served_pool(PROFILE, "cpu")
     alloc = TangramAllocator(1 << 16, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
     runner = SimpleNamespace(token_to_kv_pool_allocator=alloc, device="cpu", model=None,
-                             server_args=SimpleNamespace(_tangram_data_plane="triton"),
+                             server_args=SimpleNamespace(_tangram_data_plane=plane),
                              req_to_token_pool=SimpleNamespace(size=ROWS),
                              model_config=SimpleNamespace(context_len=CONTEXT))
     backend = TangramAttnBackend(runner)
@@ -136,9 +136,8 @@ def test_frozen_tables_refuse_to_grow_and_name_graphs():
     assert tuple(tables.pages.shape) == shape
 
 
-def test_graph_state_needs_the_triton_data_plane():
-    serving, backend = served(False)
-    backend.data_plane = "torch"
+def test_graph_state_needs_the_kernels():
+    serving, backend = served(False, plane="torch")
     with pytest.raises(RuntimeError, match="--disable-cuda-graph"):
         backend.init_cuda_graph_state(4, 4)
 

@@ -18,10 +18,11 @@ decode: appends one slot per virtual layer). Per layer:
   request's block table in place (DeviceBlockTables, through the batch's rows).
 
 Kernels (serving/data_plane.py, --tangram-data-plane): on CUDA the Triton
-split-map decode kernel and the Triton chunk prefill (no host sync); elsewhere
-the torch data plane of tangram_sglang.attention, their reference.
+split-map decode kernel (or, with ``cuda``, the CUDA one) and the Triton chunk
+prefill (no host sync); elsewhere the torch data plane of
+tangram_sglang.attention, their reference.
 
-CUDA graphs (decode only, Triton data plane): ``init_cuda_graph_state`` freezes
+CUDA graphs (decode only, triton or cuda data plane): ``init_cuda_graph_state`` freezes
 the block tables at their largest size and allocates DecodeGraphBuffers; before
 each capture or replay ``init_forward_metadata_out_graph`` builds the eager plan of
 the batch's real entries (host control plane, as in eager decode) and copies it
@@ -84,19 +85,25 @@ class TangramAttnBackend(AttentionBackend):
         self.wrapped = False
         self.tile = CPU_TILE if str(self.device).startswith("cpu") else None
         self.data_plane = choose_data_plane(data_plane_request(model_runner.server_args), self.device)
-        if self.data_plane == "triton":
+        self.kernels = self.data_plane in ("triton", "cuda")
+        if self.kernels:
             from ..attention.triton_decode import ragged_decode_triton
             from ..attention.triton_prefill import ragged_prefill_chunk_triton
 
-            self._decode_triton, self._prefill_triton = ragged_decode_triton, ragged_prefill_chunk_triton
+            self._decode_kernel, self._prefill_triton = ragged_decode_triton, ragged_prefill_chunk_triton
+        if self.data_plane == "cuda":
+            from ..attention.cuda_ext import load_extension, ragged_decode_cuda
+
+            load_extension()   # compiled now, not in the first decode step
+            self._decode_kernel = ragged_decode_cuda
         self.serving.data_plane = self.data_plane
         self.graph: DecodeGraph | None = None
         self.graph_rids: list | None = None
 
     # -- CUDA graphs (decode) -------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        if self.data_plane != "triton":
-            raise RuntimeError(f"tangram: CUDA graphs need the Triton data plane (this server runs "
+        if not self.kernels:
+            raise RuntimeError(f"tangram: CUDA graphs need the triton or cuda data plane (this server runs "
                                f"{self.data_plane!r}); pass --disable-cuda-graph")
         if self.graph is not None:
             return
@@ -200,7 +207,7 @@ class TangramAttnBackend(AttentionBackend):
         if self.recon.active:
             o = self._forward_reconstruction(q3, k3, v3, layer)
             return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
-        if self.data_plane == "triton":
+        if self.kernels:
             o = self._prefill_triton(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
                                      plan.seq_lens[lid], meta, layer.scaling, split=self.serving.split_rows[lid])
         else:
@@ -223,8 +230,8 @@ class TangramAttnBackend(AttentionBackend):
             write_decode_kv(k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
                             v.view(-1, layer.tp_v_head_num, layer.v_head_dim), plan.out_loc[lid], meta,
                             k_pages, v_pages)
-        decode = self._decode_triton if self.data_plane == "triton" else ragged_decode_torch
-        kw = {} if self.data_plane == "triton" else {"tile": self.tile}
+        decode = self._decode_kernel if self.kernels else ragged_decode_torch
+        kw = {} if self.kernels else {"tile": self.tile}
         o = decode(q3, k_pages, v_pages, plan.block_table[lid], plan.seq_lens[lid], meta,
                    self.serving.split_rows[lid], layer.scaling, rows=plan.rows, **kw)
         return o.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)

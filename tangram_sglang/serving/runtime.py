@@ -130,7 +130,7 @@ class TangramServing:
         self.stock_tokens = 0
         self.full_kv_token_bytes = 0
         self.decode_steps = 0
-        self.data_plane: str | None = None  # set by the attention backend: "torch" or "triton"
+        self.data_plane: str | None = None  # set by the attention backend: "torch", "triton" or "cuda"
         self._max_prompt: int | None = None
         self.gauges = None  # serving.metrics.TangramGauges, made at the first report with --enable-metrics
 
