@@ -135,9 +135,12 @@ class RunStore:
                         self._alias(row, newer)
 
     def _alias(self, row: dict, newer: dict) -> None:
+        """Rows answer for every equivalent newer version; the latest recorded row wins over older
+        aliases (a pool row reads the last full run), never over a row run at that version."""
         base, version = row["key"].rsplit("|", 1)
         for new in newer.get(version, ()):
-            self.rows.setdefault(f"{base}|{new}", row)
+            if f"{base}|{new}" not in self.run_keys:
+                self.rows[f"{base}|{new}"] = row
             self._alias({"key": f"{base}|{new}", **{k: v for k, v in row.items() if k != "key"}}, newer)
 
     def record_equivalence(self, new: str, old: str, evidence: str) -> None:
@@ -208,7 +211,7 @@ def run_server(setting, ratio, convs, args, store, model, model_path, version) -
             list(pool.map(one, convs))
         info = json.loads(urllib.request.urlopen(srv.url + "/server_info", timeout=120).read())
         pool_info = (info["internal_states"][0].get("tangram") or {}).get("pool_info")
-        if pool_info:
+        if pool_info and not args.carry_from:   # a carry check's few conversations do not fill the pool
             store.add(dict(key=f"{model}|{setting}|{ratio:g}|pool|{version}", model=model, setting=setting,
                            ratio=ratio, conv="pool", pool_info=pool_info))
 

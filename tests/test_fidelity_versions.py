@@ -28,3 +28,19 @@ def test_versions_differ_by_what_settings_run():
     assert fidelity.code_version("dynamic", PROFILE) == fidelity.code_version("uniform", PROFILE) != tangram
     assert fidelity.code_version("tangram", os.path.join(ROOT, "configs", "smollm2-snapkv.yaml")) != tangram
     assert fidelity.code_version("kvpress-kvzip", PROFILE) == fidelity.code_version("kvpress-snapkv", "x.yaml")
+
+
+def test_latest_row_of_equivalent_versions_answers_never_over_a_row_run_at_that_version(tmp_path):
+    """Equivalent versions alias rows forward; the latest recorded row wins among aliases (a pool row
+    then reads the last full run), and a row run at a version is never replaced by an alias."""
+    import json
+
+    from fidelity import RunStore
+
+    (tmp_path / "fidelity_versions.json").write_text(json.dumps(
+        {"B": {"same_as": "A"}, "C": {"same_as": "B"}, "D": {"same_as": "C"}}))
+    rows = [("m|s|0.5|pool|A", 1), ("m|s|0.5|pool|C", 3), ("m|s|0.5|pool|B", 2)]
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps({"key": k, "v": v}) + "\n" for k, v in rows))
+    store = RunStore(str(tmp_path / "runs.jsonl"))
+    got = {k.rsplit("|", 1)[1]: r["v"] for k, r in store.rows.items()}
+    assert got == {"A": 1, "B": 2, "C": 3, "D": 2}
