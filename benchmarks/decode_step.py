@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "decode_step"))
     args = ap.parse_args(argv)
     from models import ensure_model
-    from prefill_cost import prompts, uniform_profile_file
+    from prefill_cost import prompts, uniform_profile_file, write_report
     from transformers import AutoTokenizer
 
     model_path = ensure_model(args.model)
@@ -124,17 +124,13 @@ def main(argv=None) -> int:
     result = {"model": args.model, "device": device_name(), "batch": args.batch, "context": args.context,
               "new_tokens": args.new_tokens, "reps": args.reps, "max_total_tokens": args.max_total_tokens,
               "rows": rows, "command": cmd}
-    with open(args.out + ".json", "w") as f:
-        json.dump(result, f, indent=1)
     lines = [f"`{cmd}`", "",
              f"{args.model} on {result['device']}: a batch of {args.batch} prompts of {args.context} tokens "
              f"(cached in the tree), {args.new_tokens} decode steps timed, {args.reps} repetitions, servers "
              f"side by side (one busy at a time), --max-total-tokens {args.max_total_tokens} each.", "",
              "| server | median ms per decode step | vs stock (median of per-repetition ratios) |", "|---|---|---|"]
     lines += [f"| {r['server']} | {r['step_ms']} | {r['vs_stock']} |" for r in rows]
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, result, lines)
     return 0
 
 

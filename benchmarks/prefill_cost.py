@@ -89,6 +89,15 @@ def uniform_profile_file(model_path: str, ratio: float) -> str:
     return path
 
 
+def write_report(out: str, result: dict, lines: list[str]) -> None:
+    """out.json (the result) and out.md (the lines), and the lines on stdout."""
+    with open(out + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    with open(out + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2")
@@ -114,17 +123,13 @@ def main(argv=None) -> int:
     result = {"model": args.model, "prompt_tokens": args.prompt_tokens, "prompts": args.prompts,
               "ratio": args.ratio, "rows": rows, "command": "python benchmarks/prefill_cost.py " +
               " ".join(sys.argv[1:] if argv is None else argv)}
-    with open(args.out + ".json", "w") as f:
-        json.dump(result, f, indent=1)
     lines = [f"`{result['command']}`", "",
              f"{args.model}, {args.prompts} prompts of {args.prompt_tokens} tokens, one at a time, "
              "max_new_tokens 1, float32 CPU (one thread per server); every prompt goes to each server in "
              "turn (one busy at a time).", "",
              "| server | median s per prefill | vs stock (median of per-prompt ratios) |", "|---|---|---|"]
     lines += [f"| {r['server']} | {r['median_s']} | {r['vs_stock']} |" for r in rows]
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, result, lines)
     return 0
 
 
