@@ -14,6 +14,9 @@ Same conversations (benchmarks/fidelity_tasks.py) and token ids for every settin
   uniform     the same oracle, every head keeping the profile's mean per-head budget (equal memory)
   kvpress-X   NVIDIA kvpress 0.5.5 in its own venv (benchmarks/kvpress_env.py): history compressed at
               prefill, the final question and answer uncompressed; X in snapkv, adakv-snapkv, kvzip, ...
+  X~position  (--chunking position, an experiment on the oracle settings) chunks fixed by sequence
+              position over the whole prompt, each partial chunk kept whole until later turns complete it,
+              instead of each turn's new tokens chunked as they arrive (what serving does)
 Intermediate turns are sent with max_new_tokens=1 (their reply is the task's fixed text, so the next
 prompt extends this one and the server reuses it); the last turn is answered greedily.
 
@@ -30,6 +33,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -50,6 +54,12 @@ CHUNK = 512
 # package files that cannot change an answer (offline tools, process helpers): not part of the version
 NOT_SERVED = ("/calibration/", "/cpu_compat/", "calibrate.py", "reference_import.py", "uniform_profile.py", "compatibility.py",
               "server_process.py")
+
+
+def base_setting(setting: str) -> str:
+    """'dynamic' of 'dynamic@0,0', 'dynamic~position', 'dynamic[fastkvzip]' (the tags of --protect,
+    --chunking and --profile)."""
+    return re.split(r"[@~\[]", setting)[0]
 
 
 def log(msg: str) -> None:
@@ -74,7 +84,7 @@ def code_version(setting: str, profile: str) -> str:
     if setting.startswith("kvpress"):
         files = [os.path.join(ROOT, "benchmarks", f) for f in ("kvpress_runner.py", "kvpress-requirements.txt")]
     else:
-        package = oracle_files() if setting.split("@")[0].split("[")[0] in ORACLE else sorted(
+        package = oracle_files() if base_setting(setting) in ORACLE else sorted(
             glob.glob(os.path.join(ROOT, "tangram_sglang", "**", "*.py"), recursive=True))
         files = [f for f in package if not any(part in f for part in NOT_SERVED)] + [profile] + weight_files(profile)
     return digest(*(open(f, "rb").read() if os.path.exists(f) else f for f in files))
@@ -160,6 +170,15 @@ class RunStore:
                 f.write(json.dumps(row) + "\n")
 
 
+def position_schedule(conv: Conversation, chunk: int = CHUNK) -> tuple[list[int], int]:
+    """--chunking position (an oracle experiment, not what the server does): chunks fixed by sequence
+    position over the final prompt, [C, C, ..., rest], as if each turn's partial chunk waited uncompressed
+    until later turns completed it. Returns (chunk sizes, tokens of the trailing partial chunk, kept whole)."""
+    n = len(conv.prompt)
+    sizes = [min(chunk, n - s) for s in range(0, n, chunk)]
+    return sizes, (n % chunk)
+
+
 def chunk_schedule(conv: Conversation, chunk: int = CHUNK) -> list[int]:
     """Compression chunks as served one request at a time: each turn's new tokens in [C, C, ..., rest]."""
     sizes, prev = [], 0
@@ -230,7 +249,7 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
     torch.set_num_threads(1)
     prof = load_profile(os.path.join(ROOT, PROFILES[model]))
     scorer = profile_scorer(prof, os.path.join(ROOT, PROFILES[model]))
-    base = setting.split("@")[0].split("[")[0]
+    base = base_setting(setting)
     # the dynamic method reads only the entry's head groups (its keep set comes from the ratio),
     # so it also runs at ratios the profile was not calibrated for (e.g. Tangram's kept share)
     entry = min(prof.entries, key=lambda e: abs(e.ratio - ratio)) if base == "dynamic" else prof.select(ratio)
@@ -248,10 +267,14 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
     stop |= {int(AutoTokenizer.from_pretrained(model_path).eos_token_id)}
     for i, conv in enumerate(convs):
         t0 = time.perf_counter()
+        chunks, ends, protect = chunk_schedule(conv), [len(t) for t in conv.turns], Protection(*args.protect)
+        if args.chunking == "position":
+            chunks, partial = position_schedule(conv)
+            ends, protect = [], Protection(protect.sinks, max(protect.newest, partial))
         run = reference_run(lm, entry, heads_per_group=prof.heads_per_group, method=scorer,
                             prompt_ids=conv.prompt, max_new_tokens=args.max_new_tokens,
-                            chunk_tokens=chunk_schedule(conv), stop_ids=stop, selection=selection,
-                            turn_ends=[len(t) for t in conv.turns], protection=Protection(*args.protect))
+                            chunk_tokens=chunks, stop_ids=stop, selection=selection,
+                            turn_ends=ends, protection=protect)
         ids = run.tokens[:-1] if run.tokens and run.tokens[-1] in stop else run.tokens
         hist = conv.history_len
         kept = float(torch.stack([k[:, :hist].float().mean() for k in run.kept]).mean())
@@ -318,6 +341,10 @@ def parse(argv=None):
                     "(settings are then recorded as setting[method])")
     ap.add_argument("--protect", default="4,64", help="oracle settings: SINKS,NEWEST protected tokens (a "
                     "candidate other than the served 4,64 is recorded as setting@SINKS,NEWEST)")
+    ap.add_argument("--chunking", choices=("turn", "position"), default="turn",
+                    help="oracle settings: turn = each turn's new tokens chunked as served; position = an "
+                    "experiment: chunks fixed by position over the whole prompt, the trailing partial chunk kept "
+                    "whole (recorded as setting~position)")
     ap.add_argument("--runs", default=os.path.join(ROOT, "benchmarks", "results", "fidelity_runs.jsonl"))
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
     ap.add_argument("--report-only", action="store_true")
@@ -332,6 +359,9 @@ def parse(argv=None):
         tag = "@" + ",".join(map(str, args.protect))
         args.settings = [s + tag if s in ORACLE else s for s in args.settings]
         RUNNERS.update({s: run_oracle for s in args.settings if s.endswith(tag)})
+    if args.chunking != "turn":
+        args.settings = [s + "~" + args.chunking if base_setting(s) in ORACLE else s for s in args.settings]
+        RUNNERS.update({s: run_oracle for s in args.settings if s.endswith("~" + args.chunking)})
     if args.profile:
         from tangram_sglang.profile import load_profile
 
@@ -370,7 +400,7 @@ def main(argv=None) -> None:
         for setting in args.settings:
             if setting not in ("full", *KVPRESS) and not os.path.exists(profile):
                 continue
-            version, base = code_version(setting, profile), setting.split("@")[0].split("[")[0]
+            version, base = code_version(setting, profile), base_setting(setting)
             for ratio in ([1.0] if setting == "full" else args.ratios):
                 if base in ("tangram", "static", "uniform") and not any(abs(r - ratio) < 1e-9 for r in held):
                     # served and static settings need the profile's own entry; the dynamic method and kvpress don't

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import math
 import os
 
@@ -153,8 +154,9 @@ def paired(a: dict, b: dict, field: int) -> tuple[int, int, int, int, int]:
 def comparisons(summary: list[dict]) -> list[tuple[dict, dict, str, int]]:
     """(Tangram row, other row, what the issue asks, field) for every comparison the targets name:
     Tangram vs the dynamic method and vs uniform at the same ratio (accuracy), vs the dynamic
-    method run at Tangram's kept share (within 2 points of it, when such a row exists), and vs
-    kvpress's same method at the nearest kept share (degenerate answers)."""
+    method run at Tangram's kept share (within 2 points of it, when such a row exists), vs
+    kvpress's same method at the nearest kept share (degenerate answers), and vs the oracle with
+    chunks fixed by position (--chunking position, both measures), when that experiment was run."""
     def find(model, setting, ratio=None):
         return [s for s in summary if s["model"] == model and s["setting"] == setting
                 and (ratio is None or s["ratio"] == ratio) and s["kept_share"] is not None]
@@ -171,6 +173,8 @@ def comparisons(summary: list[dict]) -> list[tuple[dict, dict, str, int]]:
             near = min(dyn, key=lambda s: abs(s["kept_share"] - t["kept_share"]))
             if near["ratio"] != t["ratio"] and abs(near["kept_share"] - t["kept_share"]) < 0.02:
                 out.append((t, near, "within 2 points at equal KV", 0))
+        for o in find(t["model"], t["setting"].replace("tangram", "static~position", 1), t["ratio"]):
+            out += [(t, o, "experiment: chunks by position", 0), (t, o, "experiment: chunks by position", 1)]
         peers = find(t["model"], PEER.get(t.get("method", ""), ""))
         if peers and t["kept_share"] is not None:
             near = min(peers, key=lambda s: abs(s["kept_share"] - t["kept_share"]))
@@ -227,7 +231,7 @@ def plot(summary: list[dict], path: str) -> bool:
                 ax.plot([100], [100 * pts[0][1]], marker="*", color="black", ms=10)
                 continue
             xs, ys = [100 * p[0] for p in pts], [100 * p[1] for p in pts]
-            marker, ls = STYLES.get(setting.split("@")[0].split("[")[0], ("o", "-"))
+            marker, ls = STYLES.get(re.split(r"[@~\[]", setting)[0], ("o", "-"))
             ax.plot(xs, ys, marker=marker, ls=ls, label=setting, alpha=0.85)
             for x, y, (_, _, s) in zip(xs, ys, pts):
                 if s["degenerate"]:

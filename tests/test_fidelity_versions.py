@@ -44,3 +44,20 @@ def test_latest_row_of_equivalent_versions_answers_never_over_a_row_run_at_that_
     store = RunStore(str(tmp_path / "runs.jsonl"))
     got = {k.rsplit("|", 1)[1]: r["v"] for k, r in store.rows.items()}
     assert got == {"A": 1, "B": 2, "C": 3, "D": 2}
+
+
+def test_setting_tags_name_the_oracle_they_run():
+    for s in ("dynamic", "dynamic@0,0", "dynamic~position", "dynamic~position[fastkvzip]", "dynamic@0,0[kvzip]"):
+        assert fidelity.base_setting(s) == "dynamic"
+    assert fidelity.base_setting("tangram[fastkvzip]") == "tangram"
+    assert fidelity.code_version("static~position", PROFILE) == fidelity.code_version("static", PROFILE)
+
+
+def test_position_chunking_cuts_the_final_prompt_by_position():
+    from fidelity_tasks import Conversation
+
+    conv = Conversation(id="c", kind="passkey", turns=[[1] * 300, [1] * 700, [1] * 1100], expect=[], history_len=1000)
+    assert fidelity.chunk_schedule(conv) == [300, 400, 400]       # as served: each turn's new tokens
+    assert fidelity.position_schedule(conv) == ([512, 512, 76], 76)   # by position; 76 kept whole
+    conv = Conversation(id="c", kind="passkey", turns=[[1] * 1024], expect=[], history_len=900)
+    assert fidelity.position_schedule(conv) == ([512, 512], 0)

@@ -73,7 +73,7 @@ def test_full_budget_profile_matches_stock_sglang(smollm2_path, prompts, tmp_pat
     assert served == stock
 
 
-@pytest.mark.parametrize("method,ratio", [("snapkv", 0.25), ("keydiff", 0.5), ("fastkvzip", 0.5)])
+@pytest.mark.parametrize("method,ratio", [("snapkv", 0.25), ("keydiff", 0.5), ("fastkvzip", 0.4)])
 def test_compressed_serving_matches_torch_reference(smollm2_path, prompts, method, ratio):
     import torch
     from transformers import AutoModelForCausalLM
