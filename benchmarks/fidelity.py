@@ -33,7 +33,6 @@ import glob
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -44,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks"), os.path.join(ROOT, "launch")]
 
-from fidelity_report import write_report  # noqa: E402
+from fidelity_report import base_setting, write_report  # noqa: E402
 from fidelity_tasks import Conversation, build_conversations  # noqa: E402
 
 PROFILES = {"smollm2": "configs/smollm2-snapkv.yaml", "qwen2.5-0.5b": "configs/qwen2.5-0.5b-snapkv.yaml"}
@@ -54,12 +53,6 @@ CHUNK = 512
 # package files that cannot change an answer (offline tools, process helpers): not part of the version
 NOT_SERVED = ("/calibration/", "/cpu_compat/", "calibrate.py", "reference_import.py", "uniform_profile.py", "compatibility.py",
               "server_process.py")
-
-
-def base_setting(setting: str) -> str:
-    """'dynamic' of 'dynamic@0,0', 'dynamic~position', 'dynamic[fastkvzip]' (the tags of --protect,
-    --chunking and --profile)."""
-    return re.split(r"[@~\[]", setting)[0]
 
 
 def log(msg: str) -> None:
@@ -173,7 +166,8 @@ class RunStore:
 def position_schedule(conv: Conversation, chunk: int = CHUNK) -> tuple[list[int], int]:
     """--chunking position (an oracle experiment, not what the server does): chunks fixed by sequence
     position over the final prompt, [C, C, ..., rest], as if each turn's partial chunk waited uncompressed
-    until later turns completed it. Returns (chunk sizes, tokens of the trailing partial chunk, kept whole)."""
+    until later turns completed it. Returns (chunk sizes, length of the trailing partial chunk: the tokens
+    kept whole, 0 when the prompt ends on a chunk boundary)."""
     n = len(conv.prompt)
     sizes = [min(chunk, n - s) for s in range(0, n, chunk)]
     return sizes, (n % chunk)

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
-import re
 import math
 import os
+import re
 
 from fidelity_score import score, wilson
 
 # the kvpress setting that runs the same scoring method as a profile's scorer
 PEER = {"snapkv": "kvpress-snapkv", "kvzip": "kvpress-kvzip", "fastkvzip": "kvpress-kvzip"}
+
+
+def base_setting(setting: str) -> str:
+    """'dynamic' of 'dynamic@0,0', 'dynamic~position', 'dynamic[fastkvzip]' (the tags of --protect,
+    --chunking and --profile)."""
+    return re.split(r"[@~\[]", setting)[0]
 
 
 def _rows_for(store, model, setting, ratio, convs, version):
@@ -231,7 +237,7 @@ def plot(summary: list[dict], path: str) -> bool:
                 ax.plot([100], [100 * pts[0][1]], marker="*", color="black", ms=10)
                 continue
             xs, ys = [100 * p[0] for p in pts], [100 * p[1] for p in pts]
-            marker, ls = STYLES.get(re.split(r"[@~\[]", setting)[0], ("o", "-"))
+            marker, ls = STYLES.get(base_setting(setting), ("o", "-"))
             ax.plot(xs, ys, marker=marker, ls=ls, label=setting, alpha=0.85)
             for x, y, (_, _, s) in zip(xs, ys, pts):
                 if s["degenerate"]:
