@@ -290,9 +290,10 @@ def fmt_md(res: dict) -> str:
                      + (f"; pool integrity: {m['pool_info']['integrity']}" if m.get("pool_info") else ""))
     lines += ["", "Turn-2+ cache hits: a session's next turn reuses its history only if that history is still "
               "in the radix tree when the turn is admitted. SGLang admits in arrival order (fcfs); with the pool "
-              "full, admitting other sessions' turns evicts finished histories (least recently used first), so "
-              "a server that holds more sessions' histories re-prefills less (the shared system prompt is what "
-              "every server keeps)."]
+              "full, admitting other sessions' turns evicts finished histories, least recently used first, after "
+              "the waiting turns' histories are touched head of the queue last (stock: on one scheduling pass in "
+              "32; Tangram: on every pass where the queue changed), so a server that holds more sessions' "
+              "histories re-prefills less (the shared system prompt is what every server keeps)."]
     return "\n".join(lines) + "\n"
 
 

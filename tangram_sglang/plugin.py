@@ -20,6 +20,7 @@ CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
 SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 BEAMS = "sglang.srt.beam_search.coordinator.BeamCoordinator"
 METRICS = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
+POLICY = "sglang.srt.managers.schedule_policy.SchedulePolicy"
 DECODE_GRAPH = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 
 
@@ -116,6 +117,7 @@ def _register_serving_hooks(HookRegistry, HookType) -> None:
                           HookType.AROUND)
     HookRegistry.register(f"{SCHEDULER}.get_prefill_adder_class", scheduling.prefill_adder_class, HookType.AROUND)
     HookRegistry.register(f"{SCHEDULER}._add_request_to_queue", scheduling.refuse_never_fitting, HookType.BEFORE)
+    HookRegistry.register(f"{POLICY}._touch_waiting_prefixes", scheduling.touch_waiting_histories, HookType.AROUND)
     HookRegistry.register(f"{SCHEDULE_BATCH}.prepare_for_extend", scheduling.bind_rows, HookType.AFTER)
     HookRegistry.register(f"{BEAMS}.validate_and_init", scheduling.refuse_beam_search, HookType.AROUND)
     HookRegistry.register(f"{METRICS}.report_prefill_stats", _log_prefill_pool, HookType.AFTER)

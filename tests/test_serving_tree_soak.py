@@ -361,3 +361,91 @@ def test_decode_step_evicts_when_the_tree_grew_after_the_capacity_check():
         a.kv_len += 1
         d.check()
     assert d.serving.counters.evicted_segments > evicted
+
+
+def _finish_sessions(d, n):
+    """n one-turn sessions finished into the tree, oldest first; returns their histories."""
+    finished = []
+    for s in range(n):
+        d.rng = random.Random(10 + s)
+        d.sessions = [[s + 1] * 30]
+        d.new_request()
+        (req,) = d.running.values()
+        while not d.serving.cache.requests[req.rid].prefill_done or req.kv_len < len(req.prompt) + 2:
+            d.step(req)
+        d.release(req, checkpoint=True)
+        finished.append(req.full_untruncated_fill_ids[: req.kv_len])
+    return finished
+
+
+def _hits(d, histories):
+    return [d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=h + [7], extra_key=None))).device_prefix_len
+            for h in histories]
+
+
+def test_touch_prefix_bumps_recency_without_splitting():
+    """touch_prefix (SGLang's waiting-prefix refresh) makes a history the most recently used, and a
+    key ending inside an uncompressed node touches it whole, splitting nothing."""
+    d = Driver(6)
+    finished = _finish_sessions(d, 3)
+    nodes = sum(1 for _ in d.tree._nodes())
+    d.tree.touch_prefix(RadixKey(token_ids=finished[0][:-1], extra_key=None))  # ends inside the output
+    assert sum(1 for _ in d.tree._nodes()) == nodes
+    d.tree.evict(EvictParams(num_tokens=1))
+    hits = _hits(d, finished)
+    assert hits[0] == len(finished[0]) and hits[2] == len(finished[2]) and hits[1] < len(finished[1])
+    d.check()
+
+
+def _eviction_order(d):
+    """Evict the whole tree leaf by leaf; the session (its prompt's first token - 1) of each leaf."""
+    order, evict_leaf = [], d.tree._evict_leaf
+
+    def spy(node):
+        top = node
+        while top.parent is not d.tree.root_node:
+            top = top.parent
+        order.append(int(top.tokens[0]) - 1)
+        return evict_leaf(node)
+
+    d.tree._evict_leaf = spy
+    d.tree.evict(EvictParams(num_tokens=10**6))
+    d.check()
+    return [s for i, s in enumerate(order) if s not in order[:i]]
+
+
+def test_waiting_queue_touch_evicts_the_turn_queued_last_first():
+    """The scheduler hook touches the waiting turns' histories head last, on every pass where the
+    queue changed: under pressure the history nobody waits for goes first, then the queue's tail;
+    the head's history, finished first and so least recently used, goes last."""
+    from sglang.srt.managers.schedule_policy import CacheAgnosticPolicy, CacheAwarePolicy
+
+    from tangram_sglang.serving.scheduling import touch_waiting_histories
+
+    d = Driver(6)
+    finished = _finish_sessions(d, 3)
+    assert _eviction_order(Driver(6)) == [] and len(finished) == 3
+    queue = [SimpleNamespace(rid=f"w{i}", origin_input_ids=finished[i] + [7], output_ids=[], extra_key=None,
+                             cache_salt=None) for i in (0, 1)]   # session 2's next turn is not queued
+    policy, stock = SimpleNamespace(tree_cache=d.tree), []
+    touch_waiting_histories(lambda *a: stock.append(a), policy, CacheAgnosticPolicy.FCFS, queue)
+    assert not stock and policy.tangram_touched == ("w0", "w1")  # a Tangram tree: touched on this pass
+    touch_waiting_histories(lambda *a: stock.append(a), policy, CacheAwarePolicy.LPM, queue)
+    assert len(stock) == 1  # cache-aware policies touch while matching: SGLang's own path
+    assert _eviction_order(d) == [2, 1, 0]
+
+    d = Driver(6)
+    finished = _finish_sessions(d, 3)
+    assert _eviction_order(d) == [0, 1, 2]  # plain LRU, no queue: oldest first
+
+
+def test_touch_is_bounded_by_tokens_per_pass(monkeypatch):
+    """Only the queue's head within the token budget is touched (the rest, untouched, are older and
+    lose their histories first, as the tail); the first request always is."""
+    from tangram_sglang.serving import scheduling
+
+    queue = [SimpleNamespace(rid=f"w{i}", origin_input_ids=[1] * 100, output_ids=[2] * 20) for i in range(5)]
+    monkeypatch.setattr(scheduling, "TOUCH_TOKENS_PER_PASS", 250)
+    assert [r.rid for r in scheduling._touch_head(queue)] == ["w0", "w1"]
+    monkeypatch.setattr(scheduling, "TOUCH_TOKENS_PER_PASS", 10)
+    assert [r.rid for r in scheduling._touch_head(queue)] == ["w0"]

@@ -107,6 +107,21 @@ class TangramRadixCache(RadixCache):
         key = params.key
         if self.disable or len(key) == 0:
             return self._empty_match_result
+        node, pos = self._walk(key, split=True)
+        return MatchResult(device_prefix_len=pos, last_device_node=node, last_host_node=node,
+                           best_match_node=node)
+
+    def touch_prefix(self, key: RadixKey) -> None:
+        """Bump the recency of every node a match of ``key`` would use (SGLang's waiting-prefix
+        refresh calls it head of the queue last, so LRU evicts the histories needed last first).
+        Unlike a match it never splits: a partly matched uncompressed node is touched whole."""
+        if not self.disable and len(key) > 0:
+            self._walk(key, split=False)
+
+    def _walk(self, key: RadixKey, *, split: bool) -> tuple:
+        """Follow ``key`` down the tree, touching each node used; returns (last node, tokens matched).
+        With ``split``, a partly matched uncompressed node is split and its upper part counts;
+        without, it is touched but not counted."""
         tokens = _tokens(key.token_ids[: len(key)])
         node, pos, now = self.root_node, 0, time.monotonic()
         node.last_access_time = now
@@ -122,15 +137,11 @@ class TangramRadixCache(RadixCache):
                 break
             best.last_access_time = now
             if best_len < best.tokens.size:
-                node = self._split(best, best_len)
-                pos += best_len
+                if split:
+                    node, pos = self._split(best, best_len), pos + best_len
                 break
             node, pos = best, pos + best_len
-        return MatchResult(device_prefix_len=pos, last_device_node=node, last_host_node=node,
-                           best_match_node=node)
-
-    def touch_prefix(self, key: RadixKey) -> None:
-        return None
+        return node, pos
 
     def _split(self, node: SegNode, n: int) -> SegNode:
         """Split an uncompressed node after n tokens; returns the new upper node."""

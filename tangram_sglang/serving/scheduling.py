@@ -17,7 +17,16 @@ request waits (NO_TOKEN), exactly like SGLang's token budget.
 
 from __future__ import annotations
 
-from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS, AddReqResult, PrefillAdder
+from sglang.srt.environ import envs
+from sglang.srt.managers.schedule_policy import (
+    CLIP_MAX_NEW_TOKENS,
+    WAITING_QUEUE_PREFIX_MATCH_MAX,
+    AddReqResult,
+    CacheAwarePolicy,
+    PrefillAdder,
+)
+from sglang.srt.mem_cache.common import touch_waiting_prefix
+from sglang.srt.mem_cache.evict_policy import LRUStrategy
 
 from ..pool.spec import RequestTooLargeError
 from .runtime import serving_of
@@ -138,3 +147,43 @@ def refuse_beam_search(original, coordinator, req, recv_req):
         return ("Beam search (beam_width > 1) is not supported with --tangram-profile: beams fork their "
                 "KV through SGLang's token-pool rows, which the ragged KV pool does not hold")
     return original(coordinator, req, recv_req)
+
+
+def touch_waiting_histories(original, policy, active, waiting_queue):
+    """AROUND SchedulePolicy._touch_waiting_prefixes (fcfs-like policies, LRU eviction): SGLang
+    touches the waiting requests' cached prefixes, head of the queue last, on one scheduling pass
+    in 32; Tangram does it on every pass where the queue changed (its head, within a token budget
+    per pass). A session's next turn is queued moments after its history became the tree's newest
+    entry, and admitting the turns ahead of it evicts least recently used leaves first: without
+    the touch those are the histories of the turns that run next, so a pool holding most sessions'
+    histories reuses few of them. The touch walks the tree only (no split, no allocation): it
+    changes which histories survive pressure, never what is computed from a history found."""
+    tree = policy.tree_cache
+    if (serving_of(tree) is None or isinstance(active, CacheAwarePolicy) or not waiting_queue
+            or not envs.SGLANG_ENABLE_WAITING_PREFIX_REFRESH.get()
+            or not isinstance(tree.eviction_strategy, LRUStrategy)):
+        return original(policy, active, waiting_queue)
+    head = _touch_head(waiting_queue)
+    order = tuple(r.rid for r in head)
+    if order == getattr(policy, "tangram_touched", None):
+        return None
+    policy.tangram_touched = order
+    for req in reversed(head):
+        touch_waiting_prefix(req, tree)
+    return None
+
+
+# A touch walks each request's whole key (~20 ns a token): this bounds one pass's walk (~5 ms).
+TOUCH_TOKENS_PER_PASS = 1 << 18
+
+
+def _touch_head(waiting_queue) -> list:
+    """The head of the queue whose keys fit TOUCH_TOKENS_PER_PASS (at least one request): the rest
+    stay untouched, older than any touched history, so they lose theirs first, as the queue's tail."""
+    head, tokens = [], 0
+    for req in waiting_queue[:WAITING_QUEUE_PREFIX_MATCH_MAX]:
+        tokens += len(req.origin_input_ids) + len(req.output_ids)
+        if head and tokens > TOUCH_TOKENS_PER_PASS:
+            break
+        head.append(req)
+    return head
