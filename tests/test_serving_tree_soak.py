@@ -269,27 +269,36 @@ def test_decode_estimate_larger_than_the_pool_is_capped_not_fatal():
     assert serving.cache.pool.num_free == serving.spec.num_pages and not serving.requests
 
 
-def test_eviction_takes_the_least_recently_used_leaf_first():
-    """The lazy heap evicts by SGLang's strategy (LRU): a session matched again outlives older ones."""
-    d = Driver(6)
-    d.sessions = [[] for _ in range(3)]
+def _finish_sessions(d, n):
+    """n one-turn sessions finished into the tree, oldest first; returns their histories."""
     finished = []
-    for s in range(3):
+    for s in range(n):
         d.rng = random.Random(10 + s)
-        d.sessions = [[s + 1] * 30 if i == 0 else [] for i in range(1)]
+        d.sessions = [[s + 1] * 30]
         d.new_request()
         (req,) = d.running.values()
         while not d.serving.cache.requests[req.rid].prefill_done or req.kv_len < len(req.prompt) + 2:
             d.step(req)
         d.release(req, checkpoint=True)
         finished.append(req.full_untruncated_fill_ids[: req.kv_len])
+    return finished
+
+
+def _hits(d, histories):
+    return [d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=h + [7], extra_key=None))).device_prefix_len
+            for h in histories]
+
+
+def test_eviction_takes_the_least_recently_used_leaf_first():
+    """The lazy heap evicts by SGLang's strategy (LRU): a session matched again outlives older ones."""
+    d = Driver(6)
+    finished = _finish_sessions(d, 3)
     # touch the oldest session again: it becomes the most recently used
     d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=finished[0] + [7], extra_key=None)))
     before = d.serving.counters.evicted_segments
     d.tree.evict(EvictParams(num_tokens=1))
     assert d.serving.counters.evicted_segments == before + 1
-    hits = [d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=h + [7], extra_key=None))).device_prefix_len
-            for h in finished]
+    hits = _hits(d, finished)
     assert hits[0] == len(finished[0]) and hits[2] == len(finished[2])  # the second one lost its tail
     assert hits[1] < len(finished[1])
     d.check()
@@ -361,26 +370,6 @@ def test_decode_step_evicts_when_the_tree_grew_after_the_capacity_check():
         a.kv_len += 1
         d.check()
     assert d.serving.counters.evicted_segments > evicted
-
-
-def _finish_sessions(d, n):
-    """n one-turn sessions finished into the tree, oldest first; returns their histories."""
-    finished = []
-    for s in range(n):
-        d.rng = random.Random(10 + s)
-        d.sessions = [[s + 1] * 30]
-        d.new_request()
-        (req,) = d.running.values()
-        while not d.serving.cache.requests[req.rid].prefill_done or req.kv_len < len(req.prompt) + 2:
-            d.step(req)
-        d.release(req, checkpoint=True)
-        finished.append(req.full_untruncated_fill_ids[: req.kv_len])
-    return finished
-
-
-def _hits(d, histories):
-    return [d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=h + [7], extra_key=None))).device_prefix_len
-            for h in histories]
 
 
 def test_touch_prefix_bumps_recency_without_splitting():
