@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tangram_sglang.budgets import keep_count  # noqa: E402
+from tangram_sglang.method.budgets import keep_count  # noqa: E402
 from tangram_sglang.pool import PagePool, PoolSpec, RaggedKVCache, RequestPages, plan_reservation  # noqa: E402
 from tangram_sglang.pool.request_pages import ragged_index  # noqa: E402
 
@@ -206,8 +206,8 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
     """Per-step seconds of: rebuild (best), host (best, median), device_tables (best)."""
     import torch
 
-    from tangram_sglang.serving.block_tables import DeviceBlockTables
     from tangram_sglang.pool.batch_memo import BatchMemo
+    from tangram_sglang.serving.block_tables import DeviceBlockTables
 
     cache, rids = decode_batch(beta, L, G, P, batch, context)
     t_rebuild = []

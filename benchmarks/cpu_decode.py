@@ -31,9 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tangram_sglang.attention import build_layer_metas, make_split_rows, ragged_decode_torch  # noqa: E402
 from tangram_sglang.attention.pieces import tile_pieces  # noqa: E402
-from tangram_sglang.budgets import keep_count  # noqa: E402
+from tangram_sglang.method.budgets import keep_count  # noqa: E402
 from tangram_sglang.profile import ModelShape, load_profile  # noqa: E402
-from tangram_sglang.uniform_profile import uniform_profile  # noqa: E402
+from tangram_sglang.profile.uniform import uniform_profile  # noqa: E402
 
 SMOLLM2 = ModelShape(architecture="LlamaForCausalLM", num_layers=30, num_kv_heads=3, head_dim=64)
 

@@ -36,7 +36,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "launch"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from tangram_sglang.server_process import ServerProcess  # noqa: E402
+from tangram_sglang.sglang.server_process import ServerProcess  # noqa: E402
 
 
 def generate(url: str, ids: list[int], new_tokens: int) -> int:

@@ -7,7 +7,7 @@
 Same conversations (benchmarks/fidelity_tasks.py) and token ids for every setting:
   full        stock SGLang (no profile), sessions concurrent, each turn a /generate request
   tangram     the real server with --tangram-profile P --tangram-ratio r, sessions concurrent
-  static      the dense oracle (tangram_sglang.serving_reference) with the profile's static budgets: what
+  static      the dense oracle (tangram_sglang.oracle.serving_reference) with the profile's static budgets: what
               the server must compute, one conversation at a time (a check of the served path)
   dynamic     the same oracle with per-chunk global top-k over the heads of each layer at ratio r (the
               paper's "w/o Tangram"), same chunk schedule as served
@@ -46,6 +46,8 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks"), os.path.join(ROOT, "laun
 from fidelity_report import base_setting, write_report  # noqa: E402
 from fidelity_tasks import Conversation, build_conversations  # noqa: E402
 
+from tangram_sglang.method.chunks import split_tokens, turn_schedule  # noqa: E402
+
 PROFILES = {"smollm2": "configs/smollm2-snapkv.yaml", "qwen2.5-0.5b": "configs/qwen2.5-0.5b-snapkv.yaml"}
 ORACLE = ("static", "dynamic", "uniform")
 KVPRESS = ("kvpress-snapkv", "kvpress-adakv-snapkv", "kvpress-kvzip")
@@ -83,8 +85,8 @@ def code_version(setting: str, profile: str) -> str:
     return digest(*(open(f, "rb").read() if os.path.exists(f) else f for f in files))
 
 
-ORACLE_MODULES = ("tangram_sglang.serving_reference", "tangram_sglang.profile_scorer", "tangram_sglang.profile",
-                  "tangram_sglang.protection")
+ORACLE_MODULES = ("tangram_sglang.oracle.serving_reference", "tangram_sglang.scorers.profile_scorer", "tangram_sglang.profile",
+                  "tangram_sglang.method.protection")
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,7 +109,7 @@ def weight_files(profile: str) -> list[str]:
     if not os.path.exists(profile):
         return []
     from tangram_sglang.profile import load_profile
-    from tangram_sglang.profile_scorer import weights_path
+    from tangram_sglang.scorers.profile_scorer import weights_path
 
     path = weights_path(load_profile(profile), profile)
     return [path] if path else []
@@ -168,21 +170,12 @@ def position_schedule(conv: Conversation, chunk: int = CHUNK) -> tuple[list[int]
     position over the final prompt, [C, C, ..., rest], as if each turn's partial chunk waited uncompressed
     until later turns completed it. Returns (chunk sizes, length of the trailing partial chunk: the tokens
     kept whole, 0 when the prompt ends on a chunk boundary)."""
-    n = len(conv.prompt)
-    sizes = [min(chunk, n - s) for s in range(0, n, chunk)]
-    return sizes, (n % chunk)
+    return split_tokens(len(conv.prompt), chunk), len(conv.prompt) % chunk
 
 
 def chunk_schedule(conv: Conversation, chunk: int = CHUNK) -> list[int]:
     """Compression chunks as served one request at a time: each turn's new tokens in [C, C, ..., rest]."""
-    sizes, prev = [], 0
-    for ids in conv.turns:
-        left = len(ids) - prev
-        while left > 0:
-            sizes.append(min(chunk, left))
-            left -= sizes[-1]
-        prev = len(ids)
-    return sizes
+    return turn_schedule([len(ids) for ids in conv.turns], chunk)
 
 
 # -- servers ----------------------------------------------------------------------------------------
@@ -203,7 +196,7 @@ def run_session(url: str, conv: Conversation, max_new: int) -> dict:
 
 
 def run_server(setting, ratio, convs, args, store, model, model_path, version) -> None:
-    from tangram_sglang.server_process import ServerProcess
+    from tangram_sglang.sglang.server_process import ServerProcess
 
     profile = os.path.join(ROOT, PROFILES[model]) if setting.startswith("tangram") else None
     extra = ["--max-total-tokens", str(args.max_total_tokens)] + (["--tangram-ratio", str(ratio)] if profile else [])
@@ -234,11 +227,15 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tangram_sglang.method.protection import Protection
+    from tangram_sglang.oracle.serving_reference import (
+        DynamicSelection,
+        ProfileSelection,
+        UniformSelection,
+        reference_run,
+    )
     from tangram_sglang.profile import load_profile
-    from tangram_sglang.profile_scorer import profile_scorer
-    from tangram_sglang.protection import Protection
-    from tangram_sglang.serving_reference import (DynamicSelection, ProfileSelection, UniformSelection,
-                                                  reference_run)
+    from tangram_sglang.scorers.profile_scorer import profile_scorer
 
     torch.set_num_threads(1)
     prof = load_profile(os.path.join(ROOT, PROFILES[model]))

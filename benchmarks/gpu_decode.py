@@ -40,9 +40,9 @@ from tangram_sglang.attention.layer_meta import build_layer_meta  # noqa: E402
 from tangram_sglang.attention.reference import ragged_decode_torch  # noqa: E402
 from tangram_sglang.attention.split_row import make_split_row, uniform_split_row  # noqa: E402
 from tangram_sglang.attention.testing import make_ragged_cache  # noqa: E402
-from tangram_sglang.budgets import keep_count  # noqa: E402
-from tangram_sglang.grouping import group_budgets  # noqa: E402
-from tangram_sglang.split_map import profile_split_map  # noqa: E402
+from tangram_sglang.method.budgets import keep_count  # noqa: E402
+from tangram_sglang.method.grouping import group_budgets  # noqa: E402
+from tangram_sglang.method.split_map import profile_split_map  # noqa: E402
 
 PROFILE_DIR = os.path.join(ROOT, "benchmarks", "profiles")
 # (reference scorer, model, q heads, heads per group) exported by --export
@@ -146,7 +146,7 @@ def served_graph_check(dev: str, bucket: int = 8, graph_cls=CudaGraph, kernel: s
     (triton, or cuda: --tangram-data-plane cuda)."""
     from tangram_sglang.attention.kv_write import write_decode_kv
     from tangram_sglang.serving.decode_graph import DecodeGraph
-    from tangram_sglang.serving.testing import D, HQ, STEPS, served_pool, step_inputs
+    from tangram_sglang.serving.testing import HQ, STEPS, D, served_pool, step_inputs
 
     profile = os.path.join(ROOT, "configs", "smollm2-snapkv.yaml")
     eager, graphed = served_pool(profile, dev), served_pool(profile, dev)
@@ -309,7 +309,7 @@ def time_workloads(args, dev: str, capacity: int) -> list[dict]:
 def export() -> None:
     """Write benchmarks/profiles/*.json from the reference data and SmolLM2's profile (CPU side)."""
     from tangram_sglang.profile import load_profile
-    from tangram_sglang.reference_import import REFERENCE_MODELS, reference_profile
+    from tangram_sglang.profile.reference_import import REFERENCE_MODELS, reference_profile
 
     os.makedirs(PROFILE_DIR, exist_ok=True)
     specs = []

@@ -39,11 +39,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tangram_sglang.attention.baselines import fa2_num_splits, planned_chunk  # noqa: E402
-from tangram_sglang.budgets import keep_count  # noqa: E402
+from tangram_sglang.method.budgets import keep_count  # noqa: E402
+from tangram_sglang.method.split_map import DEFAULT_PARALLEL_CAPACITY, compute_split_map, profile_split_map  # noqa: E402
 from tangram_sglang.profile import load_profile  # noqa: E402
-from tangram_sglang.reference_import import available, reference_profile  # noqa: E402
-from tangram_sglang.split_map import (  # noqa: E402
-    DEFAULT_PARALLEL_CAPACITY, compute_split_map, profile_split_map)
+from tangram_sglang.profile.reference_import import available, reference_profile  # noqa: E402
 
 
 def pieces_work(lens: np.ndarray, sizes: np.ndarray, splits: np.ndarray) -> np.ndarray:

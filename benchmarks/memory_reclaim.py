@@ -31,9 +31,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tangram_sglang import reference_import  # noqa: E402
-from tangram_sglang.grouping import group_budgets, group_heads  # noqa: E402
+from tangram_sglang.method.grouping import group_budgets, group_heads  # noqa: E402
 from tangram_sglang.pool import PoolSpec, RaggedKVCache, chunk_slot_counts, plan_reservation  # noqa: E402
+from tangram_sglang.profile import reference_import  # noqa: E402
 
 HP_SWEEP, P_SWEEP = (1, 2, 4, 8), (1, 16, 64)
 ITEMSIZE = 2  # bf16 / fp16 KV, as served on GPU

@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "launch"))
 
-from tangram_sglang.server_process import ServerProcess  # noqa: E402
+from tangram_sglang.sglang.server_process import ServerProcess  # noqa: E402
 
 CORPUS = ["README.md", "configs/CALIBRATION.md", "configs/reference-regularity.md", "DESIGN.md"]
 
@@ -82,7 +82,7 @@ def uniform_profile_file(model_path: str, ratio: float) -> str:
     import tempfile
 
     from tangram_sglang.profile import ModelShape
-    from tangram_sglang.uniform_profile import uniform_profile
+    from tangram_sglang.profile.uniform import uniform_profile
 
     path = os.path.join(tempfile.mkdtemp(prefix="prefill-cost-"), f"uniform-{ratio:g}.yaml")
     uniform_profile(ModelShape.from_model_path(model_path), [ratio]).save(path)

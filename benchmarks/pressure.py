@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tangram_sglang.server_process import ServerProcess  # noqa: E402
+from tangram_sglang.sglang.server_process import ServerProcess  # noqa: E402
 
 os.environ.setdefault("TANGRAM_INTEGRITY_CHECK", "1")  # the servers started here check their pool on /server_info
 

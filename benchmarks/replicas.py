@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tangram_sglang.server_process import RouterProcess, ServerProcess, start_all  # noqa: E402
+from tangram_sglang.sglang.server_process import RouterProcess, ServerProcess, start_all  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = ("README.md",)

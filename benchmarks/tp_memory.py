@@ -32,10 +32,16 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tangram_sglang.grouping import group_budgets, group_heads  # noqa: E402
-from tangram_sglang.reference_import import available, reference_profile  # noqa: E402
-from tangram_sglang.tensor_parallel import (  # noqa: E402
-    equalized_betas, group_for_tp, heads_per_group_for, rank_view, regroup, shards)
+from tangram_sglang.method.grouping import group_budgets, group_heads  # noqa: E402
+from tangram_sglang.profile.reference_import import available, reference_profile  # noqa: E402
+from tangram_sglang.profile.tensor_parallel import (  # noqa: E402
+    equalized_betas,
+    group_for_tp,
+    heads_per_group_for,
+    rank_view,
+    regroup,
+    shards,
+)
 
 MODELS = ("llama-3.1-8b-instruct", "qwen3-4b-instruct-2507")
 

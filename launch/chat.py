@@ -1,12 +1,14 @@
 """Serve a model with a Tangram profile, then hold a multi-turn chat with it.
 
-    python launch/chat.py                      # SmolLM2 + FastKVzip at 0.4 (Qwen2.5-0.5B: its gate at 0.5;
-                                               # another model: a uniform 1.0 profile)
+    python launch/chat.py                      # SmolLM2 + its FastKVzip profile at the recommended ratio
+                                               # (Qwen2.5-0.5B likewise; another model: a uniform 1.0 profile)
     python launch/chat.py --profile p.yaml --turns 4
     python launch/chat.py --url http://127.0.0.1:30000   # talk to a running server
 
 Talks to the server over the OpenAI-compatible API on 127.0.0.1, keeping the
 whole conversation in each request: SGLang's radix tree reuses the history.
+The recommended ratio and the figures printed with it are read from the fidelity
+results (benchmarks/report_tables.py: recommended()), never typed here.
 """
 
 from __future__ import annotations
@@ -27,29 +29,27 @@ QUESTIONS = [
 ]
 
 
-# What the fidelity benchmark shows answering right (README, "Measured: multi-turn fidelity"), per model
-# (a substring of its folder name): SmolLM2 with the FastKVzip gate (budgets across layers) at 0.4, the
-# lowest calibrated ratio within 5 points of full KV, answers 64% of 64 multi-turn conversations against 66%
-# for full KV (0.33: 59%; SnapKV at 0.5: 36%); Qwen2.5-0.5B with its gate at 0.5 answers 94% of 32, as full
-# KV does (SnapKV: 47%).
-DEMO = {
-    "SmolLM2": {"profile": "configs/smollm2-fastkvzip.yaml", "ratio": 0.4,
-                "why": "FastKVzip gate at 0.4: 64% of 64 multi-turn conversations answered vs 66% with full KV, "
-                       "45% of the KV pool saved (benchmarks/results/fidelity_fastkvzip.md)"},
-    "Qwen2.5-Coder-0.5B": {"profile": "configs/qwen2.5-0.5b-fastkvzip.yaml", "ratio": 0.5,
-                           "why": "FastKVzip gate at 0.5: 94% of 32 multi-turn conversations answered, as with "
-                                  "full KV, 36% of the KV pool saved "
-                                  "(benchmarks/results/fidelity_qwen_fastkvzip.md)"},
-}
+def _report_tables():
+    """benchmarks/report_tables.py (standard library only), loaded by path."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(HERE), "benchmarks", "report_tables.py")
+    spec = importlib.util.spec_from_file_location("tangram_report_tables", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def default_profile(model_path: str, out_dir: str) -> tuple[str, float | None, str]:
-    """(profile, ratio, why): the benchmarked choice for a shipped model, else a uniform 1.0 profile."""
-    for name, demo in DEMO.items():
-        shipped = os.path.join(os.path.dirname(HERE), demo["profile"])
-        if name in os.path.basename(os.path.normpath(model_path)) and os.path.isfile(shipped):
-            return shipped, demo["ratio"], demo["why"]
-    from tangram_sglang.uniform_profile import main as write_uniform
+    """(profile, ratio, why): a shipped model's profile at its recommended ratio, with the measured
+    figures behind it (from benchmarks/results/), else a uniform 1.0 profile."""
+    tables = _report_tables()
+    for key, spec in tables.SHIPPED.items():
+        shipped = os.path.join(os.path.dirname(HERE), spec["profile"])
+        if spec["folder"] in os.path.basename(os.path.normpath(model_path)) and os.path.isfile(shipped):
+            rec = tables.recommended(key)
+            return shipped, rec["ratio"], rec["why"]
+    from tangram_sglang.profile.uniform import main as write_uniform
 
     path = os.path.join(out_dir, "uniform-1.0.yaml")
     write_uniform(["--model-path", model_path, "--ratio", "1.0", "-o", path])
@@ -90,7 +90,7 @@ def main() -> None:
         return
     from models import ensure_model
 
-    from tangram_sglang.server_process import ServerProcess
+    from tangram_sglang.sglang.server_process import ServerProcess
 
     model_path = args.model if os.path.isdir(args.model) else ensure_model(args.model)
     cache = os.environ.get("TANGRAM_CACHE", os.path.expanduser("~/.cache/tangram_sglang"))

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from chat import chat, default_profile  # noqa: E402
 from models import ensure_model  # noqa: E402
 
-from tangram_sglang.server_process import RouterProcess, ServerProcess, start_all  # noqa: E402
+from tangram_sglang.sglang.server_process import RouterProcess, ServerProcess, start_all  # noqa: E402
 
 
 def main() -> None:

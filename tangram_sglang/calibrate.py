@@ -16,19 +16,19 @@ import os
 import sys
 import time
 
-from .budgets import MIN_BUDGET, SCOPES
-from .calibration.gate_calibration import calibrate_gates, reuse_gates
-from .calibration.kvzip import kvzip_pilot, repeat_prefix_ids
-from .calibration.pilot import PilotConfig, load_model, run_pilot
-from .calibration.report import regularity_report, write_report
-from .calibration.samples import SOURCES, SampleSpec, build_samples
-from .calibration.stats import ratio_stats
-from .grouping import STRATEGIES
-from .profile import CalibrationMeta, ModelShape
-from .profile_builder import build_profile, make_entry, today, tool_version
-from .scorers import canonical_name, get_scorer
-from .split_map import device_parallel_capacity
-from .tensor_parallel import check_tp_size, regroup
+from tangram_sglang.attention.split_row import device_parallel_capacity
+from tangram_sglang.calibration.gate_calibration import calibrate_gates, reuse_gates
+from tangram_sglang.calibration.kvzip import kvzip_pilot, repeat_prefix_ids
+from tangram_sglang.calibration.pilot import PilotConfig, load_model, run_pilot
+from tangram_sglang.calibration.report import regularity_report, write_report
+from tangram_sglang.calibration.samples import SOURCES, SampleSpec, build_samples
+from tangram_sglang.calibration.stats import ratio_stats
+from tangram_sglang.method.budgets import MIN_BUDGET, SCOPES
+from tangram_sglang.method.grouping import STRATEGIES
+from tangram_sglang.profile import CalibrationMeta, ModelShape
+from tangram_sglang.profile.builder import build_profile, make_entry, today, tool_version
+from tangram_sglang.profile.tensor_parallel import check_tp_size, regroup
+from tangram_sglang.scorers import canonical_name, get_scorer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

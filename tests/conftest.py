@@ -21,6 +21,17 @@ import sys  # noqa: E402
 import pytest  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+TESTS = pathlib.Path(__file__).resolve().parent
+# Tiers, one folder each; the folder is the test's marker (`bash launch/test.sh -m unit` is the fast tier).
+TIERS = ("unit", "model", "server", "upstream", "soak")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = pathlib.Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in one of the tier folders {TIERS}")
+        item.add_marker(tier)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
-from tangram_sglang.server_process import ServerProcess
+from tangram_sglang.sglang.server_process import ServerProcess
 
 
 def post(url: str, payload: dict | None = None, timeout: float = 180) -> tuple[int, object]:

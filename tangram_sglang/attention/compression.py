@@ -7,9 +7,9 @@ head of a group keeps the group's count, so the pool's reservation and the
 written slots agree), and only those K/V are written, in position order, into
 the slots reserved for them.
 
-Protected tokens (sinks, a prompt's newest tokens: tangram_sglang.protection)
+Protected tokens (sinks, a prompt's newest tokens: tangram_sglang.method.protection)
 score above everything, so they are kept first. Tie rule (as
-tangram_sglang.selection): among equal scores the later position wins. Selection is vectorized over the batch; the scorer is called once per
+tangram_sglang.scorers.selection): among equal scores the later position wins. Selection is vectorized over the batch; the scorer is called once per
 request (its contract is one sequence at a time).
 """
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..budgets import keep_count
-from ..protection import protect_scores
-from .kv_write import write_kept_kv
-from .layer_meta import LayerMeta
+from tangram_sglang.attention.kv_write import write_kept_kv
+from tangram_sglang.attention.layer_meta import LayerMeta
+from tangram_sglang.method.budgets import keep_count
+from tangram_sglang.scorers.selection import protect_scores
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def compress_and_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
     out_loc : int64 [sum(keep)], the reserved flat slots in (b, g, j) order (slot_locs).
     k_pages, v_pages : [num_pages, P, H_p, d], written in place.
     protect : [(lead, trail)] * B or None: each chunk's leading and trailing runs every head
-        keeps (tangram_sglang.protection); keep must already count them.
+        keeps (tangram_sglang.method.protection); keep must already count them.
     hidden : [T, D] or None, the layer's input hidden states (scorers with needs_hidden).
     scores : float32 [B, H, n_max] or None: scores already computed (a reconstruction pass,
         -inf past each chunk); the scorer is then not called.

@@ -1,4 +1,4 @@
-"""Build, load and call the CUDA decode kernel in cuda/ (a torch extension).
+"""Build, load and call the CUDA decode kernel in cuda/ (a torch extension; shipped as cuda_src/).
 
     ragged_decode_cuda(q, k_pages, v_pages, block_table, seq_lens, meta, split, sm_scale)
 
@@ -16,10 +16,11 @@ import shutil
 
 import torch
 
-from .layer_meta import LayerMeta
-from .split_row import SplitRow
+from tangram_sglang.attention.layer_meta import LayerMeta
+from tangram_sglang.attention.split_row import SplitRow
 
-CUDA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "cuda")
+# the repository's cuda/, linked into the package (cuda_src) so that a wheel ships the sources too
+CUDA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_src")
 KERNEL_SOURCE = os.path.join(CUDA_DIR, "ragged_decode.cu")
 BINDING_SOURCE = os.path.join(CUDA_DIR, "binding.cpp")
 

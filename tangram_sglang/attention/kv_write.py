@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .layer_meta import LayerMeta
+from tangram_sglang.attention.layer_meta import LayerMeta
 
 
 def slot_locs(block_table: torch.Tensor, start: torch.Tensor, count: torch.Tensor,

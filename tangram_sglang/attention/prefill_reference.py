@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from .fused_cpu import chunk_self_attention_fused
-from .layer_meta import LayerMeta
-from .merge import merge_two
-from .pieces import tile_pieces
-from .reference import attend_cached
+from tangram_sglang.attention.fused_cpu import chunk_self_attention_fused
+from tangram_sglang.attention.layer_meta import LayerMeta
+from tangram_sglang.attention.merge import merge_two
+from tangram_sglang.attention.pieces import tile_pieces
+from tangram_sglang.attention.reference import attend_cached
 
 DEFAULT_TILE = 128
 

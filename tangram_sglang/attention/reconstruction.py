@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from .layer_meta import LayerMeta
-from .merge import merge_two
-from .pieces import tile_pieces
-from .prefill_reference import DEFAULT_TILE, _pad, pad_index
-from .reference import attend_cached
+from tangram_sglang.attention.layer_meta import LayerMeta
+from tangram_sglang.attention.merge import merge_two
+from tangram_sglang.attention.pieces import tile_pieces
+from tangram_sglang.attention.prefill_reference import DEFAULT_TILE, _pad, pad_index
+from tangram_sglang.attention.reference import attend_cached
 
 SINKS = 4
 

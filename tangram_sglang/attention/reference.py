@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from .fused_cpu import attend_block_fused
-from .layer_meta import LayerMeta
-from .merge import merge_by_item
-from .pieces import Pieces, piece_slots, split_pieces, tile_pieces
-from .split_row import SplitRow
+from tangram_sglang.attention.fused_cpu import attend_block_fused
+from tangram_sglang.attention.layer_meta import LayerMeta
+from tangram_sglang.attention.merge import merge_by_item
+from tangram_sglang.attention.pieces import Pieces, piece_slots, split_pieces, tile_pieces
+from tangram_sglang.attention.split_row import SplitRow
 
 
 def group_rows(q_rows: torch.Tensor, meta: LayerMeta) -> torch.Tensor:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tangram_sglang.method.split_map import DEFAULT_PARALLEL_CAPACITY
+
 
 @dataclass(frozen=True, kw_only=True)
 class SplitRow:
@@ -62,3 +64,15 @@ def make_split_rows(split_map, device="cpu") -> list[SplitRow]:
 def uniform_split_row(num_groups: int, num_splits: int, device="cpu") -> SplitRow:
     """FlashDecoding-style: the same num_splits for every group (the baseline)."""
     return make_split_row([num_splits] * num_groups, device)
+
+
+def device_parallel_capacity(blocks_per_sm: int = 1) -> int:
+    """CTAs the current GPU runs at once (SM count x resident blocks per SM).
+
+    Falls back to DEFAULT_PARALLEL_CAPACITY without a GPU. The attention
+    kernel's own occupancy (blocks_per_sm) is passed in by the kernel module.
+    """
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return int(props.multi_processor_count) * blocks_per_sm
+    return DEFAULT_PARALLEL_CAPACITY

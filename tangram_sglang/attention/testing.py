@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .layer_meta import LayerMeta, build_layer_meta
+from tangram_sglang.attention.layer_meta import LayerMeta, build_layer_meta
 
 
 @dataclass

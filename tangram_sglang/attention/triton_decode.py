@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .layer_meta import LayerMeta
-from .split_row import SplitRow
+from tangram_sglang.attention.layer_meta import LayerMeta
+from tangram_sglang.attention.split_row import SplitRow
 
 
 @triton.jit

@@ -21,10 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .layer_meta import LayerMeta
-from .merge import merge_two
-from .split_row import SplitRow
-from .triton_decode import _pow2, ragged_decode_triton
+from tangram_sglang.attention.layer_meta import LayerMeta
+from tangram_sglang.attention.merge import merge_two
+from tangram_sglang.attention.split_row import SplitRow
+from tangram_sglang.attention.triton_decode import _pow2, ragged_decode_triton
 
 
 @triton.jit

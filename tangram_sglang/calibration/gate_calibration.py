@@ -17,9 +17,9 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from ..scorers.fastkvzip import FastKVzipScorer, GateShape, file_sha256, load_gates, save_gates
-from .gate_training import gate_ranking, train_gates
-from .kvzip import KVzipSample, kvzip_sample
+from tangram_sglang.calibration.gate_training import gate_ranking, train_gates
+from tangram_sglang.calibration.kvzip import KVzipSample, kvzip_sample
+from tangram_sglang.scorers.fastkvzip import FastKVzipScorer, GateShape, file_sha256, load_gates, save_gates
 
 
 @dataclass

@@ -18,9 +18,9 @@ import math
 import numpy as np
 import torch
 
-from ..scorers.fastkvzip import GateShape, LayerGate, new_gates
-from .kvzip import SINKS, KVzipSample
-from .stats import spearman
+from tangram_sglang.calibration.kvzip import SINKS, KVzipSample
+from tangram_sglang.calibration.stats import spearman
+from tangram_sglang.scorers.fastkvzip import GateShape, LayerGate, new_gates
 
 LOG_FLOOR = 1e-6
 

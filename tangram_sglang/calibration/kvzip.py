@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..selection import scoped_topk_counts
-from .capture import CAPTURE_IMPL, attention_modules, capturing, hidden_inputs
+from tangram_sglang.calibration.capture import CAPTURE_IMPL, attention_modules, capturing, hidden_inputs
+from tangram_sglang.scorers.selection import scoped_topk_counts
 
 REPEAT_PROMPT = "Repeat the previous context exactly."
 SINKS = 4
@@ -149,7 +149,7 @@ def kvzip_pilot(model, tokenizer, samples, cfg, desc: str = "KVzip pilot", progr
     each chunk's KVzip scores, reconstruction as served (no resume tokens). -> [SampleRetention]."""
     from tqdm import tqdm
 
-    from .pilot import SampleRetention
+    from tangram_sglang.calibration.pilot import SampleRetention
 
     out = []
     for s in tqdm(samples, desc=desc, unit="sample", disable=not progress):

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..scorers import Scorer, ScorerState
-from ..selection import SCOPES, scoped_topk_counts
-from .capture import CAPTURE_IMPL, capturing, hidden_inputs, register_capture_attention
-from .samples import PilotSample
+from tangram_sglang.calibration.capture import CAPTURE_IMPL, capturing, hidden_inputs, register_capture_attention
+from tangram_sglang.calibration.samples import PilotSample
+from tangram_sglang.scorers import Scorer, ScorerState
+from tangram_sglang.scorers.selection import SCOPES, scoped_topk_counts
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,8 +20,8 @@ import os
 
 import numpy as np
 
-from ..reference_import import available, load_retention
-from .stats import across_sources, coverage, layer_spearman, per_sample_spearman, ratio_stats
+from tangram_sglang.calibration.stats import across_sources, coverage, layer_spearman, per_sample_spearman, ratio_stats
+from tangram_sglang.profile.reference_import import available, load_retention
 
 
 def sample_sources(meta: dict, count: int) -> list[str]:

@@ -20,9 +20,17 @@ import sys
 
 import numpy as np
 
-from .pilot import SampleRetention
-from .stats import (across_sources, budget_spend, coverage, grouping_comparison, layer_spearman,
-                    per_sample_spearman, ratio_stats, spearman)
+from tangram_sglang.calibration.pilot import SampleRetention
+from tangram_sglang.calibration.stats import (
+    across_sources,
+    budget_spend,
+    coverage,
+    grouping_comparison,
+    layer_spearman,
+    per_sample_spearman,
+    ratio_stats,
+    spearman,
+)
 
 
 def stack(results: list[SampleRetention]) -> np.ndarray:
@@ -161,7 +169,7 @@ def write_report(folder: str, report: dict, cal: list[SampleRetention], held: li
     with open(os.path.join(folder, "report.md"), "w") as f:
         f.write(markdown(report))
     try:
-        from .plot import retention_figure
+        from tangram_sglang.calibration.plot import retention_figure
     except ImportError:  # matplotlib is a dev extra
         print("calibrate: matplotlib not installed, retention.png skipped", file=sys.stderr)
         return

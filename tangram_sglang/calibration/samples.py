@@ -18,10 +18,10 @@ import random
 import zlib
 from dataclasses import dataclass
 
-from . import datasets
-from .mtbench import MTBench
-from .needle import KINDS, EssayCorpus, task_messages
-from .sharegpt import iter_conversations
+from tangram_sglang.calibration import datasets
+from tangram_sglang.calibration.mtbench import MTBench
+from tangram_sglang.calibration.needle import KINDS, EssayCorpus, task_messages
+from tangram_sglang.calibration.sharegpt import iter_conversations
 
 SOURCES = ("needle", "sharegpt", "mtbench")
 SPLITS = ("calibration", "heldout")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..budgets import budgets_from_stats
-from ..grouping import group_budgets, group_heads
+from tangram_sglang.method.budgets import budgets_from_stats
+from tangram_sglang.method.grouping import group_budgets, group_heads
 
 
 @dataclass(frozen=True)

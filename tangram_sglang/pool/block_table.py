@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .request_pages import RequestPages
+from tangram_sglang.pool.request_pages import RequestPages
 
 
 def build_layer_tables(rows: list[RequestPages], num_layers: int, num_groups: int) -> tuple[np.ndarray, np.ndarray]:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .request_pages import ragged_index
-from .spec import PoolError
+from tangram_sglang.pool.request_pages import ragged_index
+from tangram_sglang.pool.spec import PoolError
 
 
 def _check_request(rid, req, P: int) -> np.ndarray:
@@ -73,6 +73,10 @@ def check_cache_integrity(cache) -> None:
         raise PoolError("a page is writable by two live requests")
     if np.any(pool.fill[w] != P):
         raise PoolError("a page a live request writes is not claimed (fill != P)")
+    # the O(1) usage counters against the references counted here: free + requests only + tree == total
+    tree_held = tree_refs > 0
+    counted = dict(free=int((expected == 0).sum()), held_by_requests_only=int(((expected > 0) & ~tree_held).sum()),
+                   held_by_tree=int(tree_held.sum()))
     usage = cache.usage()
-    if usage.free + usage.held_by_requests_only + usage.held_by_tree != usage.total:
-        raise PoolError(f"free + held != total: {usage}")
+    if {k: getattr(usage, k) for k in counted} != counted or usage.total != pool.num_pages:
+        raise PoolError(f"usage counters {usage} disagree with the references held {counted}")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .spec import PoolError
+from tangram_sglang.pool.spec import PoolError
 
 
 class PagePool:

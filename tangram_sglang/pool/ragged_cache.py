@@ -33,13 +33,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batch_memo import BatchMemo
-from .block_table import build_layer_tables
-from .page_pool import PagePool
-from .request_pages import PageArena, RequestPages, flat_slot_locs
-from .reservation import ReservationPlan, plan_reservation
-from .segments import Segment, SegmentStore, assemble, page_columns
-from .spec import PoolError, PoolSpec, RequestTooLargeError
+from tangram_sglang.pool.batch_memo import BatchMemo
+from tangram_sglang.pool.block_table import build_layer_tables
+from tangram_sglang.pool.page_pool import PagePool
+from tangram_sglang.pool.request_pages import PageArena, RequestPages, flat_slot_locs
+from tangram_sglang.pool.reservation import ReservationPlan, plan_reservation
+from tangram_sglang.pool.segments import Segment, SegmentStore, assemble, page_columns
+from tangram_sglang.pool.spec import PoolError, PoolSpec, RequestTooLargeError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +110,7 @@ class _Request:
         self.published_chunks = 0                     # chunks already handed to the tree
         self.published_end = plan.prefix_slots.copy()  # slot end of the published chain, [V]
 
-    # reserved_left, taken int64 [V]: views of the arena slot of the request's pages
+    # reserved_left, taken int32 [V]: views of the arena slot of the request's pages
     @property
     def reserved_left(self) -> np.ndarray:
         return self.pages.arena.reserved_left[self.pages.slot]
@@ -403,6 +403,6 @@ class RaggedKVCache:
                          held_by_requests_only=used - tree, held_by_tree=tree)
 
     def check_integrity(self) -> None:
-        from .integrity import check_cache_integrity
+        from tangram_sglang.pool.integrity import check_cache_integrity
 
         check_cache_integrity(self)

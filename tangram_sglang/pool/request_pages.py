@@ -1,8 +1,8 @@
 """RequestPages: one request's page lists and slot counts, for all V virtual layers at once.
 
     pages   int32 [V, capacity]  page ids, row v valid in [:npages[v]], rest -1
-    npages  int64 [V]
-    lens    int64 [V]            slots written (dense: slot s -> page pages[v, s // P], offset s % P)
+    npages  int32 [V]
+    lens    int32 [V]            slots written (dense: slot s -> page pages[v, s // P], offset s % P)
 
 The arrays are slot ``slot`` of a PageArena ([S, V, capacity] / [S, V]), shared by
 every request of a RaggedKVCache so that a decode step updates a whole batch with a
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .spec import PoolError
+from tangram_sglang.pool.spec import PoolError
 
 
 def ragged_index(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -57,7 +57,7 @@ def flat_slot_locs(pages: np.ndarray, offset: np.ndarray, counts: np.ndarray, pa
 
 class PageArena:
     """Per-request arrays of many requests, one slot each: pages int32 [S, V, capacity] (-1
-    padded), npages, lens, reserved_left, taken int64 [S, V]. Slots are reused; S and capacity
+    padded), npages, lens, reserved_left, taken int32 [S, V]. Slots are reused; S and capacity
     grow by doubling."""
 
     FIELDS = ("npages", "lens", "reserved_left", "taken")

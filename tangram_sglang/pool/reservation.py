@@ -2,8 +2,8 @@
 
 Every chunk of n new tokens leaves keep_count(beta_v, n) = ceil(beta_v * n)
 slots in virtual layer v (the same count the attention side keeps, from
-tangram_sglang.budgets), or more where the chunk holds protected tokens
-(sinks, the prompt's newest tokens: tangram_sglang.protection): then
+tangram_sglang.method.budgets), or more where the chunk holds protected tokens
+(sinks, the prompt's newest tokens: tangram_sglang.method.protection): then
 max(keep_count(beta_v, n), min_keep_c) slots. Generated tokens are not
 compressed: one slot per token per v. Slots of a request are dense (prefix, then chunks, then decode),
 so after all chunks virtual layer v holds
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..budgets import keep_count
+from tangram_sglang.method.budgets import keep_count
 
 
 def _ceil_div(a: np.ndarray, b: int) -> np.ndarray:

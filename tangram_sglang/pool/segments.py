@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .page_pool import PagePool
-from .request_pages import ragged_index
-from .spec import PoolError
+from tangram_sglang.pool.page_pool import PagePool
+from tangram_sglang.pool.request_pages import ragged_index
+from tangram_sglang.pool.spec import PoolError
 
 
 @dataclass(frozen=True, kw_only=True)

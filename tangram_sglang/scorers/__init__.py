@@ -5,15 +5,15 @@ state, so one ScorerState per (request, layer) passed to every chunk is all a
 caller keeps; callers must not advance it themselves.
 """
 
-from .base import KeyNormScorer, Scorer, ScorerState
-from .expected_attention import ExpectedAttentionScorer
-from .fastkvzip import FastKVzipScorer
-from .keydiff import KeyDiffScorer
-from .kvzip import KVzipScorer
-from .registry import SCORERS, canonical_name, get_scorer, scorer_names
-from .snapkv import SnapKVScorer
-from .streaming_llm import StreamingLLMScorer
-from .uniform import UniformScorer
+from tangram_sglang.scorers.base import KeyNormScorer, Scorer, ScorerState
+from tangram_sglang.scorers.expected_attention import ExpectedAttentionScorer
+from tangram_sglang.scorers.fastkvzip import FastKVzipScorer
+from tangram_sglang.scorers.keydiff import KeyDiffScorer
+from tangram_sglang.scorers.kvzip import KVzipScorer
+from tangram_sglang.scorers.registry import SCORERS, canonical_name, get_scorer, scorer_names
+from tangram_sglang.scorers.snapkv import SnapKVScorer
+from tangram_sglang.scorers.streaming_llm import StreamingLLMScorer
+from tangram_sglang.scorers.uniform import UniformScorer
 
 __all__ = [
     "ExpectedAttentionScorer", "FastKVzipScorer", "KVzipScorer", "KeyDiffScorer", "KeyNormScorer", "SCORERS", "Scorer", "ScorerState",

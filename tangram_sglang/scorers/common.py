@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import ScorerState
+from tangram_sglang.scorers.base import ScorerState
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:

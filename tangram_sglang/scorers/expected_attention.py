@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Scorer, ScorerState
-from .common import advance, check_qkv, chunk_start, fold_query_heads, repeat_kv_heads, sink_mask
+from tangram_sglang.scorers.base import Scorer, ScorerState
+from tangram_sglang.scorers.common import advance, check_qkv, chunk_start, fold_query_heads, repeat_kv_heads, sink_mask
 
 
 def update_query_stats(state: ScorerState | None, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .base import Scorer, ScorerState
-from .common import advance
+from tangram_sglang.scorers.base import Scorer, ScorerState
+from tangram_sglang.scorers.common import advance
 
 GATE_FORMAT = "tangram-fastkvzip-gate-v1"
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch.nn.functional as F
 
-from .base import Scorer, ScorerState
-from .common import advance, check_qkv
+from tangram_sglang.scorers.base import Scorer, ScorerState
+from tangram_sglang.scorers.common import advance, check_qkv
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Scorer
+from tangram_sglang.scorers.base import Scorer
 
 
 @dataclass(frozen=True)

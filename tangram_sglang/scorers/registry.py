@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from .base import KeyNormScorer, Scorer
-from .expected_attention import ExpectedAttentionScorer
-from .fastkvzip import FastKVzipScorer
-from .kvzip import KVzipScorer
-from .keydiff import KeyDiffScorer
-from .snapkv import SnapKVScorer
-from .streaming_llm import StreamingLLMScorer
-from .uniform import UniformScorer
+from tangram_sglang.scorers.base import KeyNormScorer, Scorer
+from tangram_sglang.scorers.expected_attention import ExpectedAttentionScorer
+from tangram_sglang.scorers.fastkvzip import FastKVzipScorer
+from tangram_sglang.scorers.keydiff import KeyDiffScorer
+from tangram_sglang.scorers.kvzip import KVzipScorer
+from tangram_sglang.scorers.snapkv import SnapKVScorer
+from tangram_sglang.scorers.streaming_llm import StreamingLLMScorer
+from tangram_sglang.scorers.uniform import UniformScorer
 
 SCORERS: dict[str, type[Scorer]] = {
     "snapkv": SnapKVScorer,

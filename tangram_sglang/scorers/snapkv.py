@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import Scorer, ScorerState
-from .common import advance, check_qkv, fold_query_heads, repeat_kv_heads
+from tangram_sglang.scorers.base import Scorer, ScorerState
+from tangram_sglang.scorers.common import advance, check_qkv, fold_query_heads, repeat_kv_heads
 
 
 def window_attention(q: torch.Tensor, k: torch.Tensor, window: int) -> torch.Tensor:

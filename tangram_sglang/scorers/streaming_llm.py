@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Scorer, ScorerState
-from .common import advance, check_qkv, chunk_start, sink_mask
+from tangram_sglang.scorers.base import Scorer, ScorerState
+from tangram_sglang.scorers.common import advance, check_qkv, chunk_start, sink_mask
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..pool.block_table import build_layer_tables
-from ..pool.request_pages import RequestPages
-from ..pool.spec import PoolError
+from tangram_sglang.pool.block_table import build_layer_tables
+from tangram_sglang.pool.request_pages import RequestPages
+from tangram_sglang.pool.spec import PoolError
 
 
 class DeviceBlockTables:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .runtime import ForwardPlan
+from tangram_sglang.serving.runtime import ForwardPlan
 
 
 class DecodeGraph:

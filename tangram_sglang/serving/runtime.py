@@ -32,19 +32,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..attention import build_layer_metas, make_split_rows
-from ..attention.compression import ChunkPlan
-from ..pool import RaggedKVCache
-from ..pool.batch_memo import BatchMemo
-from ..pool.page_data import KVPageData
-from ..pool.spec import PoolError, PoolSpec, RequestTooLargeError
-from ..profile import ModelShape, TangramProfile, load_profile
-from ..protection import Protection, chunk_protection, min_keep
-from ..profile_scorer import profile_scorer
-from ..scorers import ScorerState
-from ..scorers.base import HeadShard
-from ..tensor_parallel import rank_view, shard_of_rank, shards
-from .block_tables import DeviceBlockTables
+from tangram_sglang.attention import build_layer_metas, make_split_rows
+from tangram_sglang.attention.compression import ChunkPlan
+from tangram_sglang.attention.page_data import KVPageData
+from tangram_sglang.method.chunks import extend_schedule
+from tangram_sglang.method.protection import Protection, chunk_protection, min_keep
+from tangram_sglang.pool import RaggedKVCache
+from tangram_sglang.pool.batch_memo import BatchMemo
+from tangram_sglang.pool.spec import PoolError, PoolSpec, RequestTooLargeError
+from tangram_sglang.profile import ModelShape, TangramProfile, load_profile
+from tangram_sglang.profile.tensor_parallel import rank_view, shard_of_rank, shards
+from tangram_sglang.scorers import ScorerState
+from tangram_sglang.scorers.base import HeadShard
+from tangram_sglang.scorers.profile_scorer import profile_scorer
+from tangram_sglang.serving.block_tables import DeviceBlockTables
 
 DEFAULT_CHUNK = 512
 logger = logging.getLogger("tangram_sglang")
@@ -70,15 +71,6 @@ def set_current(serving: "TangramServing | None") -> None:
 def chunk_size_of(profile: TangramProfile) -> int:
     """The compression chunk: the calibration's chunk size (the budgets were measured on it)."""
     return int(profile.calibration.chunk_size) or DEFAULT_CHUNK
-
-
-def chunk_schedule(first: int, total: int, chunk: int) -> list[int]:
-    """[first, chunk, chunk, ..., rest]: SGLang gives the first extend, later ones are full chunks."""
-    sizes, left = [first], total - first
-    while left > 0:
-        sizes.append(min(chunk, left))
-        left -= sizes[-1]
-    return sizes
 
 
 @dataclass
@@ -180,10 +172,10 @@ class TangramServing:
     # -- admission ------------------------------------------------------------------------------
     def _pages_alone(self, prompt_tokens: int, decode_tokens: int) -> int:
         """Pages a request needs with the pool to itself: no prefix, its prompt compressed."""
-        from ..pool.reservation import plan_reservation
+        from tangram_sglang.pool.reservation import plan_reservation
 
         V = self.spec.num_virtual
-        sched = chunk_schedule(min(prompt_tokens, self.chunk), prompt_tokens, self.chunk)
+        sched = extend_schedule(min(prompt_tokens, self.chunk), prompt_tokens, self.chunk)
         floor = min_keep(chunk_protection(self.protection, 0, sched, prompt_tokens))
         plan = plan_reservation(self.cache.beta, sched, page_size=self.spec.page_size, decode_tokens=decode_tokens,
                                 prefix_slots=np.zeros(V, np.int64), extend_in_place=np.zeros(V, bool),
@@ -258,7 +250,7 @@ class TangramServing:
         Returns False when the pages are not there even after eviction (the request waits).
         Raises RequestTooLargeError when its prefill can never fit.
         """
-        sched = chunk_schedule(first, total, self.chunk)
+        sched = extend_schedule(first, total, self.chunk)
         protect = chunk_protection(self.protection, prefix_tokens, sched, prefix_tokens + total)
         adm = self._reserve(rid, sched, decode_tokens, prefix_chain, protect)
         if adm is None:

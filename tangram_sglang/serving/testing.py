@@ -1,4 +1,4 @@
-"""A small served pool for the decode-graph checks (tests/test_decode_graph.py on CPU through the
+"""A small served pool for the decode-graph checks (tests/model/test_decode_graph.py on CPU through the
 backend's graph protocol, benchmarks/gpu_decode.py on a GPU with a real CUDA graph).
 
 SmolLM2-135M's shape (30 layers, 9 query / 3 KV heads, d 64) with a shipped profile, five requests
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import torch
 
-from ..protection import Protection
-from .runtime import TangramServing
+from tangram_sglang.method.protection import Protection
+from tangram_sglang.serving.runtime import TangramServing
 
 HQ, HKV, D, NUM_LAYERS = 9, 3, 64, 30
 PROMPTS = {"a": (3, 30), "b": (1, 47), "c": (7, 5), "d": (2, 64), "e": (5, 33)}   # rid: (SGLang row, tokens)

@@ -1,0 +1,649 @@
+"""Tables of measured results, generated from the JSON files in benchmarks/results/.
+
+    .venv/bin/python benchmarks/report_tables.py          # rewrite every generated table
+    .venv/bin/python benchmarks/report_tables.py --check  # exit 1 with a diff if any is stale
+
+Writes README.md's key-results table (between ``<!-- results:begin -->`` and ``<!-- results:end -->``),
+benchmarks/results/README.md (an index of every results file) and the tables of docs/results.md
+(between ``<!-- results:NAME:begin -->`` and ``<!-- results:NAME:end -->``); text outside the markers
+is left alone. Standard library only (json, math, pathlib, argparse): launch/chat.py loads this file
+and calls ``recommended()`` for the demo's ratio and the figures it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+WITHIN_POINTS = 5  # a recommended ratio answers within this many points of full KV
+
+# Shipped models: the profile a user should serve and the results files that measured it.
+SHIPPED = {
+    "smollm2": dict(name="SmolLM2-135M-Instruct", folder="SmolLM2", profile="configs/smollm2-fastkvzip.yaml",
+                    fidelity="fidelity_fastkvzip.json", throughput="concurrency_multiturn_r04.json"),
+    "qwen2.5-0.5b": dict(name="Qwen2.5-0.5B", folder="Qwen2.5-Coder-0.5B",
+                         profile="configs/qwen2.5-0.5b-fastkvzip.yaml", fidelity="fidelity_qwen_fastkvzip.json",
+                         throughput="concurrency_multiturn_qwen.json"),
+}
+SCORERS = {"snapkv": "SnapKV", "fastkvzip": "FastKVzip gate", "kvzip": "KVzip", "keydiff": "KeyDiff",
+           "expected_attention": "Expected Attention", "ea": "Expected Attention", "adakv-snapkv": "AdaKV-SnapKV"}
+
+
+def scorer_name(profile_stem: str) -> str:
+    """'qwen2.5-0.5b-fastkvzip' -> 'FastKVzip gate'."""
+    method = profile_stem.rsplit("-", 1)[-1]
+    return SCORERS.get(method, method)
+
+
+def load(name: str):
+    return json.loads((RESULTS / name).read_text())
+
+
+def table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+           ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+
+
+def pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def times(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}x"
+
+
+def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """95% Wilson score interval of k / n."""
+    if n == 0:
+        return 0.0, 1.0
+    p, den = k / n, 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+# ---------------------------------------------------------------- fidelity
+
+def answered(row: dict, interval: bool = True) -> str:
+    k, n = row["correct"], row["judged"]
+    if not interval:
+        return f"{k}/{n}"
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} ({100 * k / n:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}])"
+
+
+def setting_label(setting: str) -> str:
+    base = setting.split("[")[0]
+    names = {"full": "full KV (stock SGLang)", "tangram": "Tangram, served", "static": "oracle, static budgets",
+             "static~position": "oracle, chunks by position", "dynamic": "dynamic method",
+             "uniform": "uniform budgets (equal memory)"}
+    if base.startswith("kvpress-"):
+        return "kvpress " + SCORERS.get(base[len("kvpress-"):], base[len("kvpress-"):])
+    return names.get(base, base)
+
+
+def fidelity_rows(name: str, setting: str) -> dict[float, dict]:
+    return {r["ratio"]: r for r in load(name) if r["setting"].split("[")[0] == setting}
+
+
+def fidelity_table(name: str, keep=None) -> list[str]:
+    """The rows of one fidelity file; ``keep`` (base setting names) drops rows another table shows."""
+    rows = [[setting_label(r["setting"]), f"{r['ratio']:g}", pct(r["kept_share"]), answered(r),
+             f"{r['retrieval_correct']}/{r['retrieval_n']}", f"{r['replay_agree']}/{r['replay_n']}",
+             f"{r['degenerate']}/{r['n']}", pct(r["saved_vs_full_kv"])] for r in load(name)
+            if keep is None or r["setting"].split("[")[0] in keep]
+    return table(["setting", "ratio", "kept share", "answered right [95% CI]", "retrieval", "replay agreement",
+                  "degenerate", "pool saved"], rows)
+
+
+def recommended(model: str) -> dict:
+    """The shipped profile's recommended ratio for ``model`` (a key of SHIPPED): the lowest ratio whose
+    served answers are within WITHIN_POINTS points of full KV on the multi-turn fidelity benchmark."""
+    spec = SHIPPED[model]
+    full = fidelity_rows(spec["fidelity"], "full")[1.0]
+    served = fidelity_rows(spec["fidelity"], "tangram")
+    close = [r for r in served.values()
+             if 100 * (full["correct"] / full["judged"] - r["correct"] / r["judged"]) <= WITHIN_POINTS + 1e-9]
+    best = min(close, key=lambda r: r["ratio"])
+    scorer = SCORERS.get(best.get("method") or "", best.get("method") or "")
+    md = spec["fidelity"].replace(".json", ".md")
+    why = (f"{scorer} at {best['ratio']:g}, the lowest ratio measured within {WITHIN_POINTS} points of full KV: "
+           f"{answered(best, False)} multi-turn conversations answered right against {answered(full, False)} with "
+           f"full KV, {pct(best['kept_share'])} of the history kept, {pct(best['saved_vs_full_kv'])} of the KV pool "
+           f"saved (benchmarks/results/{md})")
+    return dict(spec, key=model, ratio=best["ratio"], served=best, full=full, why=why, scorer=scorer,
+                uniform=fidelity_rows(spec["fidelity"], "uniform").get(best["ratio"]))
+
+
+# ---------------------------------------------------------------- throughput
+
+def turns_per_s(mode: dict) -> float:
+    return sum(k.startswith("turn") for s in mode["sessions"] for k in s) / max(mode["wall_s"], 1e-9)
+
+
+def later_reuse(mode: dict) -> float:
+    later = [v for s in mode["sessions"] for k, v in s.items() if k.startswith("turn") and k != "turn1"]
+    return sum(t["cached_tokens"] or 0 for t in later) / max(1, sum(t["prompt_tokens"] for t in later))
+
+
+def pairs(name: str) -> list[tuple[dict, dict]]:
+    """(stock, Tangram) modes of one concurrency run, by pool size."""
+    modes = load(name)["modes"]
+    stock = {m["max_total_tokens"]: m for m in modes if m["ratio"] is None}
+    return [(stock[m["max_total_tokens"]], m) for m in modes if m["ratio"] is not None]
+
+
+def throughput_table(name: str) -> list[str]:
+    rows = []
+    for s, t in pairs(name):
+        rows.append([f"{s['max_total_tokens']:,} ({s['pool_bytes'] / 2**20:.0f} MiB)",
+                     f"{s['peak_running']} / {pct(later_reuse(s))} / {turns_per_s(s):.3f}",
+                     f"{t['peak_running']} / {pct(later_reuse(t))} / {turns_per_s(t):.3f}",
+                     f"**{times(turns_per_s(t) / turns_per_s(s))}**", pct(t["pool_info"]["saved_vs_full_kv"])])
+    ratio = pairs(name)[0][1]["ratio"]
+    return table(["pool: KV bytes of N full-KV tokens", "stock: sessions at once / turn-2+ reuse / turns/s",
+                  f"Tangram {ratio:g}: sessions at once / reuse / turns/s", "turns/s vs stock",
+                  "pool saved (end)"], rows)
+
+
+def throughput_cell(name: str) -> tuple[str, str, str, str]:
+    """(pool sizes, Tangram's cell, stock's cell, the profile's label) of one multi-turn run."""
+    ps = pairs(name)
+    sizes = " / ".join(f"{s['max_total_tokens']:,}" for s, _ in ps)
+    gain = " / ".join(times(turns_per_s(t) / turns_per_s(s)) for s, t in ps)
+    stem = pathlib.Path(load(name)["args"]["profile"]).stem
+    label = f"{scorer_name(stem)} {ps[0][1]['ratio']:g}"
+    return sizes, f"**{gain}** stock's turns/s; history reused {' / '.join(pct(later_reuse(t)) for _, t in ps)}", \
+        f"stock reuses {' / '.join(pct(later_reuse(s)) for s, _ in ps)}", label
+
+
+def concurrency_table() -> list[str]:
+    ps = pairs("concurrency.json")
+    s = ps[0][0]
+    rows = [["stock SGLang", f"{s['pool_bytes'] / 2**20:.0f}", s["peak_running"], "1.00x", "-", pct(later_reuse(s)),
+             "1.00"]]
+    rows += [[f"Tangram, SnapKV {t['ratio']:g}", f"{t['pool_bytes'] / 2**20:.0f}", t["peak_running"],
+              times(t["peak_running"] / s["peak_running"]), pct(t["pool_info"]["saved_vs_full_kv"]),
+              pct(later_reuse(t)), f"{t['wall_s'] / s['wall_s']:.2f}"] for _, t in ps]
+    return table(["server", "KV MiB", "peak sessions decoding together", "vs stock", "pool saved (end)",
+                  "turn-2 reuse", "wall time vs stock (one run)"], rows)
+
+
+def replicas_table() -> list[str]:
+    d = load("replicas.json")
+    single = next(r for r in d["rows"] if r["setting"] == "single")
+    names = {"cache_aware": "router, cache-aware, 2 replicas", "round_robin": "router, round-robin, 2 replicas",
+             "single": "one server, twice the KV bytes"}
+    rows = [[names.get(r["setting"], r["setting"]), f"{r['turns_per_s']:.2f}",
+             times(r["turns_per_s"] / single["turns_per_s"]), pct(r["turn2_reuse"]),
+             " / ".join(str(a) for a in r["replica_admitted"])] for r in d["rows"]]
+    return table(["setting", "turns/s", "vs one server", "turn-2+ reuse", "admissions per replica"], rows)
+
+
+# ---------------------------------------------------------------- robustness
+
+def pressure_label(setting: str) -> str:
+    """'smollm2-snapkv 0.7' -> 'Tangram, SnapKV 0.7'."""
+    if " " not in setting or setting.startswith("stock"):
+        return setting
+    stem, ratio = setting.rsplit(" ", 1)
+    return f"Tangram, {scorer_name(stem)} {ratio}"
+
+
+def pressure_table() -> list[str]:
+    rows = [[pressure_label(r["setting"]), r["completed"], r["capped"], r["refused"], r["failed"],
+             f"{r['tokens_generated']:,}",
+             r.get("retracted", "-"), r["tracebacks"],
+             f"{r['integrity']}, {r['pages_left_after_flush']}" if "integrity" in r else "-"]
+            for r in load("pressure.json")["rows"]]
+    return table(["server (same KV bytes)", "completed", "capped", "refused (400)", "failed", "tokens generated",
+                  "retracted, requeued", "tracebacks", "integrity, pages left after flush"], rows)
+
+
+def soak_table() -> list[str]:
+    r = load("soak.json")["result"]
+    return table(["answered", "aborted", "hung up", "abandoned", "refused", "failed", "tracebacks",
+                  "integrity before / after flush", "pages used / reserved after flush", "retracted",
+                  "evicted segments", "admissions that waited", "minutes"],
+                 [[r["answered"], r["aborted"], r["hung_up"], r["abandoned"], r["too_large"], len(r["errors"]),
+                   r["tracebacks"], f"{r['integrity_before_flush']} / {r['integrity_after_flush']}",
+                   f"{r['pages_used_after_flush']} / {r['pages_reserved_after_flush']}", r["retracted"],
+                   r["evicted_segments"], r["waited"], round(r["seconds"] / 60)]])
+
+
+# ---------------------------------------------------------------- components
+
+def server_label(row: dict, ratio) -> str:
+    if row["profile"] is None:
+        return "stock SGLang (full KV)"
+    stem = pathlib.Path(row["profile"]).stem
+    if stem.startswith("uniform"):
+        return f"Tangram, uniform {row.get('ratio') or ratio:g} (no scorer)"
+    scorer = scorer_name(stem)
+    return f"Tangram, {scorer} {row.get('ratio') or ratio:g}"
+
+
+def per_run_ratios(rows: list[dict], key: str) -> list[list[float]]:
+    stock = rows[0][key]
+    return [[a / b for a, b in zip(r[key], stock)] for r in rows]
+
+
+def prefill_table() -> list[str]:
+    d = load("prefill_cost.json")
+    ratios = per_run_ratios(d["rows"], "times_s")
+    return table(["server", "median s per prefill", "vs stock, median per prompt", "range per prompt"],
+                 [[server_label(r, d["ratio"]), f"{r['median_s']:.2f}", times(r["vs_stock"]), spread(q) if i else "-"]
+                  for i, (r, q) in enumerate(zip(d["rows"], ratios))])
+
+
+def decode_step_table() -> list[str]:
+    d = load("decode_step.json")
+    ratios = per_run_ratios(d["rows"], "steps_ms")
+    return table(["server", "median ms per step", "vs stock, median per repetition", "range"],
+                 [[server_label(r, None), f"{r['step_ms']:.0f}", times(r["vs_stock"]), spread(q) if i else "-"]
+                  for i, (r, q) in enumerate(zip(d["rows"], ratios))])
+
+
+def cpu_decode_table() -> list[str]:
+    rows = [[r["config"].replace("x", " x "), f"{r['method']} {r['ratio']:g}", f"{r['kv_read_tile']:.2f}",
+             f"{r['torch_native_ms']:.1f}", f"{r['tangram_tile_ms']:.1f}",
+             times(r["torch_native_ms"] / r["tangram_tile_ms"])] for r in load("cpu_decode.json")["rows"]]
+    return table(["batch x context", "profile", "KV read", "torch_native ms", "Tangram ms", "speed-up"], rows)
+
+
+def control_plane_table() -> list[str]:
+    rows = [[r["L"], r["G"], f"{r['tangram'][0]:,.0f}", f"{r['compress_reclaim'][0]:,.0f}",
+             f"{r['sglang_paged'][0]:,.0f}"] for r in load("control_plane.json")["rows"]]
+    return table(["layers", "groups", "exact reservation", "compress-then-reclaim", "SGLang's token allocator"],
+                 rows)
+
+
+def control_decode_table() -> list[str]:
+    rows = [[f"{r['context']:,}", f"{r['rebuild']:,.0f}", f"{r['host']:.0f} / {r['host_median']:.0f}",
+             f"{r['check_median']:.0f}",
+             f"{r['host_and_check_median']:.0f} ({times(r['host_and_check_median'] / r['sglang_median'])})",
+             f"{r['device_tables']:.0f}", f"{r['sglang']:.0f} / {r['sglang_median']:.0f}"]
+            for r in load("control_plane_decode.json")["rows"]]
+    return table(["context", "tables rebuilt on the host", "step, best / median", "capacity check, median",
+                  "step + check, median (vs SGLang)", "device-table ops (CPU here)", "SGLang, best / median"], rows)
+
+
+def load_balance_table() -> list[str]:
+    rows = load("load_balance.json")["rows"]
+    loads = [(1, "same"), (16, "same"), (16, "mixed")]
+    out = []
+    for key, label in [("uniform", "uniform splits (FlashDecoding)"), ("planned", "per-step planning (FlashInfer)"),
+                       ("aot", "split map, paper weights"), ("aot_beta", "split map, shipped weights")]:
+        evals = [r[key].get("planning_evals_per_step", 0) for r in rows]
+        out.append([label, f"{min(evals):,}-{max(evals):,}" if max(evals) else "0"] + [
+            spread([r[key]["latency_vs_balanced"] for r in rows if (r["batch"], r["contexts"]) == w]) for w in loads])
+    return table(["strategy", "planner evaluations per step", "latency vs balanced: 1 request",
+                  "16 requests, same context", "16 requests, mixed contexts"], out)
+
+
+def reclaim_rows() -> list[dict]:
+    return [r for r in load("memory_reclaim.json")["rows"] if r["hp_asked"] == 4 and r["page_size"] == 16]
+
+
+def reclaim_table() -> list[str]:
+    rows = [[r["profile"].replace("@0.25", ""), r["hp"]] + [pct(r["reclaim"][k]) for k in
+            ("monolithic", "adjacent", "budget_aware", "ideal")] +
+            [" / ".join(str(r["fit"][k]) for k in ("full", "monolithic", "adjacent", "budget_aware", "ideal"))]
+            for r in reclaim_rows()]
+    return table(["profile (ratio 0.25)", "H_p", "monolithic", "adjacent", "budget-aware", "ideal",
+                  "requests that fit: full / mono / adj / BA / ideal"], rows)
+
+
+def tp_table() -> list[str]:
+    rows, keys = load("tp_memory.json"), []
+    for r in rows:
+        k = (r["model"], r["scorer"], r["H_p"])
+        if r["ratio"] == 0.25 and k not in keys:
+            keys.append(k)
+    out = []
+    for model, scorer, hp in keys:
+        mine = {r["tp_size"]: r for r in rows if (r["model"], r["scorer"], r["H_p"], r["ratio"]) ==
+                (model, scorer, hp, 0.25)}
+        tp1 = next(iter(mine.values()))["tp1"]
+        out.append([f"{model}, {SCORERS.get(scorer, scorer)}", hp, f"{100 * tp1:.1f}%"] +
+                   [f"{100 * mine[t]['served']:.1f}% (+{100 * mine[t]['cost_vs_tp1']:.1f}%)" if t in mine else "-"
+                    for t in (2, 4, 8)])
+    return table(["model, scorer (ratio 0.25)", "H_p", "TP=1", "TP=2", "TP=4", "TP=8"], out)
+
+
+# ---------------------------------------------------------------- README's key results
+
+def key_results() -> list[str]:
+    rows = []
+    for key in SHIPPED:
+        rec = recommended(key)
+        uni = f"; uniform budgets at equal memory {answered(rec['uniform'], False)}" if rec["uniform"] else ""
+        rows.append([f"Multi-turn answers right, {rec['name']}, {rec['scorer']} {rec['ratio']:g}",
+                     f"**{answered(rec['served'])}**; {pct(rec['served']['kept_share'])} of the history kept, "
+                     f"{pct(rec['served']['saved_vs_full_kv'])} of the pool saved",
+                     f"full KV {answered(rec['full'])}{uni}",
+                     f"[{rec['fidelity'][:-5]}](benchmarks/results/{rec['fidelity'][:-5]}.md)"])
+    for key, spec in SHIPPED.items():
+        sizes, gain, base, label = throughput_cell(spec["throughput"])
+        rows.append([f"Multi-turn turns/s at the same KV bytes, {spec['name']}, {label}, pools of {sizes} "
+                     f"full-KV tokens (one run each)", gain, base,
+                     f"[{spec['throughput'][:-5]}](benchmarks/results/{spec['throughput'][:-5]}.md)"])
+    p = {r["setting"]: r for r in load("pressure.json")["rows"]}
+    st = p.pop("stock SGLang")
+    tg = "; ".join(f"{pressure_label(k)}: {r['completed']} completed, {r['capped']} capped, {r['refused']} refused, "
+                   f"{r['failed']} failed" for k, r in p.items())
+    a = load("pressure.json")["args"]
+    rows.append([f"Memory pressure: {a['requests']} requests, {a['workers']} at a time, a "
+                 f"{a['max_total_tokens']:,}-token pool", tg,
+                 f"stock: {st['completed']} completed, {st['capped']} capped, {st['refused']} refused, "
+                 f"{st['failed']} failed", f"[pressure](benchmarks/results/pressure.md)"])
+    s = load("soak.json")
+    r = s["result"]
+    rows.append([f"Soak: {r['sessions']} sessions, {s['args']['workers']} at a time, with aborts and hang-ups",
+                 f"{r['answered']} answered, {len(r['errors'])} failed, {r['tracebacks']} tracebacks, integrity "
+                 f"{r['integrity_after_flush']}, {r['pages_used_after_flush']} pages left after flush", "-",
+                 f"[soak](benchmarks/results/soak.md)"])
+    d = load("prefill_cost.json")
+    gate = next(x for x, q in zip(d["rows"], per_run_ratios(d["rows"], "times_s")) if "fastkvzip" in
+                str(x["profile"]))
+    q = per_run_ratios(d["rows"], "times_s")[d["rows"].index(gate)]
+    rows.append([f"Prefill of {d['prompt_tokens']:,}-token prompts, {server_label(gate, d['ratio'])}",
+                 f"{times(gate['vs_stock'])} stock's time (median of {len(q)} prompts, {spread(q)})", "stock 1.00x",
+                 f"[prefill_cost](benchmarks/results/prefill_cost.md)"])
+    d = load("decode_step.json")
+    q = per_run_ratios(d["rows"], "steps_ms")
+    rows.append([f"Decode step, batch {d['batch']} x {d['context']:,} tokens, {server_label(d['rows'][-1], None)}",
+                 f"{times(d['rows'][-1]['vs_stock'])} stock's time (median of {d['reps']}, {spread(q[-1])})",
+                 "stock 1.00x", f"[decode_step](benchmarks/results/decode_step.md)"])
+    return table(["result (CPU, float32)", "Tangram", "baseline", "file"], rows)
+
+
+# ---------------------------------------------------------------- docs/results.md blocks
+
+NOT_FULL_OR_KVZIP = {"tangram", "dynamic", "uniform", "kvpress-snapkv"}  # those two are in the FastKVzip table
+DOC_BLOCKS = {
+    "fidelity-smollm2-fastkvzip": lambda: fidelity_table("fidelity_fastkvzip.json"),
+    "fidelity-smollm2-kvzip": lambda: fidelity_table("fidelity_kvzip.json", {"tangram"}),
+    "fidelity-smollm2-layer-scope": lambda: fidelity_table("fidelity_fastkvzip_layer_scope.json",
+                                                           {"tangram", "dynamic"}),
+    "fidelity-smollm2-snapkv": lambda: fidelity_table("fidelity.json", NOT_FULL_OR_KVZIP),
+    "fidelity-qwen-fastkvzip": lambda: fidelity_table("fidelity_qwen_fastkvzip.json"),
+    "fidelity-qwen-kvzip": lambda: fidelity_table("fidelity_qwen_kvzip.json", {"tangram"}),
+    "fidelity-qwen-snapkv": lambda: fidelity_table("fidelity_qwen.json", NOT_FULL_OR_KVZIP),
+    "fidelity-position": lambda: fidelity_table("fidelity_position.json", {"static~position"}),
+    "fidelity-quick": lambda: fidelity_table("fidelity_quick.json"),
+    "throughput-smollm2": lambda: throughput_table("concurrency_multiturn_r04.json"),
+    "throughput-qwen": lambda: throughput_table("concurrency_multiturn_qwen.json"),
+    "concurrency": concurrency_table,
+    "replicas": replicas_table,
+    "pressure": pressure_table,
+    "soak": soak_table,
+    "prefill-cost": prefill_table,
+    "decode-step": decode_step_table,
+    "cpu-decode": cpu_decode_table,
+    "control-plane": control_plane_table,
+    "control-plane-decode": control_decode_table,
+    "load-balance": load_balance_table,
+    "memory-reclaim": reclaim_table,
+    "tp-memory": tp_table,
+}
+
+
+# ---------------------------------------------------------------- benchmarks/results/README.md
+
+def fidelity_headline(name: str) -> str:
+    rows = load(name)
+    full = next(r for r in rows if r["setting"] == "full")
+    served = [r for r in rows if r["setting"].split("[")[0] in ("tangram", "static~position")]
+    return f"full KV {answered(full, False)}; " + "; ".join(
+        f"{setting_label(r['setting'])} {r['ratio']:g}: {answered(r, False)} ({pct(r['kept_share'])} kept)"
+        for r in served)
+
+
+def concurrency_headline(name: str) -> str:
+    return "; ".join(f"{t['mode']} at {s['max_total_tokens']:,} full-KV tokens: "
+                     f"{times(turns_per_s(t) / turns_per_s(s))} stock's turns/s, sessions at once "
+                     f"{t['peak_running']} against {s['peak_running']}" for s, t in pairs(name))
+
+
+def reclaim_headline() -> str:
+    gain = [100 * (r["reclaim"]["budget_aware"] - r["reclaim"]["adjacent"]) for r in reclaim_rows() if r["hp"] == 4]
+    return (f"budget-aware grouping frees {min(gain):.1f} to {max(gain):.1f} points more of the full cache than "
+            f"adjacent grouping over the {len(gain)} profiles with 4 or more KV heads (H_p = 4, P = 16, ratio 0.25)")
+
+
+def soak_headline() -> str:
+    r = load("soak.json")["result"]
+    return (f"{r['answered']} answered, {len(r['errors'])} failed, {r['tracebacks']} tracebacks, integrity "
+            f"{r['integrity_after_flush']}, {r['pages_used_after_flush']} pages left after flush")
+
+
+def control_plane_headline() -> str:
+    rows = load("control_plane.json")["rows"]
+    return (f"exact reservation {spread([r['compress_reclaim'][0] / r['tangram'][0] for r in rows])} faster than "
+            f"compress-then-reclaim, up to {max(r['tangram'][0] / r['sglang_paged'][0] for r in rows):.0f}x "
+            f"slower than SGLang's token allocator (prefill phase)")
+
+
+def load_balance_headline() -> str:
+    rows = load("load_balance.json")["rows"]
+    return (f"modeled decode latency over the balanced one: uniform splits "
+            f"{spread([r['uniform']['latency_vs_balanced'] for r in rows])}, the shipped split map "
+            f"{spread([r['aot_beta']['latency_vs_balanced'] for r in rows])} with no planning")
+
+
+def tp_headline() -> str:
+    cost = [r["cost_vs_tp1"] for r in load("tp_memory.json") if r["ratio"] == 0.25 and r["H_p"] == 1]
+    return f"served KV cost over TP=1 at ratio 0.25, H_p = 1: +{100 * min(cost):.1f}% to +{100 * max(cost):.1f}%"
+
+
+def line_count(name: str) -> int:
+    with open(RESULTS / name, "rb") as f:
+        return sum(1 for _ in f)
+
+
+INDEX = {  # stem -> (what it measures, headline, command when the files do not carry one)
+    "fidelity_fastkvzip": ("Multi-turn fidelity of the SmolLM2 FastKVzip profile (64 conversations) against full "
+                           "KV, the dynamic method, uniform budgets and kvpress KVzip",
+                           lambda: fidelity_headline("fidelity_fastkvzip.json"), None),
+    "fidelity_kvzip": ("Multi-turn fidelity of the SmolLM2 KVzip profile (reconstruction pass)",
+                       lambda: fidelity_headline("fidelity_kvzip.json"), None),
+    "fidelity_fastkvzip_layer_scope": ("The FastKVzip gate with per-layer budgets (paper Eq. 3) instead of "
+                                       "model-wide ones", lambda: fidelity_headline(
+                                           "fidelity_fastkvzip_layer_scope.json"), None),
+    "fidelity": ("Multi-turn fidelity of the SmolLM2 SnapKV profile (64 conversations)",
+                 lambda: fidelity_headline("fidelity.json"), None),
+    "fidelity_quick": ("The quick set (16 conversations): served Tangram against the oracle and the peers",
+                       lambda: fidelity_headline("fidelity_quick.json"), None),
+    "fidelity_position": ("Chunks cut by turn (served) against chunks fixed by position (oracle)",
+                          lambda: fidelity_headline("fidelity_position.json"), None),
+    "fidelity_qwen": ("Multi-turn fidelity of the Qwen2.5-0.5B SnapKV profile (32 conversations)",
+                      lambda: fidelity_headline("fidelity_qwen.json"), None),
+    "fidelity_qwen_fastkvzip": ("Multi-turn fidelity of the Qwen2.5-0.5B FastKVzip profile (32 conversations)",
+                                lambda: fidelity_headline("fidelity_qwen_fastkvzip.json"), None),
+    "fidelity_qwen_kvzip": ("Multi-turn fidelity of the Qwen2.5-0.5B KVzip profile",
+                            lambda: fidelity_headline("fidelity_qwen_kvzip.json"), None),
+    "fidelity_before": ("Fidelity answers recorded before two serving fixes (first chunk independent of batching; "
+                        "sinks and newest tokens protected), kept for comparison", lambda: "see the file",
+                        "the benchmark's first version (its answers stay in fidelity_runs.jsonl)"),
+    "fidelity_runs": ("Every answer the fidelity benchmark recorded, keyed by model, setting, ratio, conversation, "
+                      "token ids and code version (runs resume from it)",
+                      lambda: f"{line_count('fidelity_runs.jsonl'):,} recorded answers",
+                      "written by `.venv/bin/python benchmarks/fidelity.py`, which appends every answer"),
+    "fidelity_versions": ("Code versions of fidelity settings shown to give identical answers, with the evidence",
+                          lambda: f"{len(load('fidelity_versions.json'))} version links",
+                          "written by `.venv/bin/python benchmarks/fidelity.py`"),
+    "concurrency_multiturn_r04": ("Multi-turn throughput (12 sessions x 4 turns) at the same KV bytes, SmolLM2 "
+                                  "FastKVzip 0.4, four pool sizes",
+                                  lambda: concurrency_headline("concurrency_multiturn_r04.json"), None),
+    "concurrency_multiturn_qwen": ("The same workload on Qwen2.5-0.5B, FastKVzip 0.25, three pool sizes",
+                                   lambda: concurrency_headline("concurrency_multiturn_qwen.json"), None),
+    "concurrency_multiturn": ("The same workload at SmolLM2 FastKVzip 0.5, before waiting turns refreshed their "
+                              "histories in the tree", lambda: concurrency_headline("concurrency_multiturn.json"),
+                              None),
+    "concurrency": ("Two-turn sessions started together: peak sessions decoding together at the same KV bytes, "
+                    "SnapKV 0.25 and 0.5", lambda: concurrency_headline("concurrency.json"), None),
+    "concurrency_fastkvzip": ("The two-turn workload with the FastKVzip gate at 0.5 (torch-matmul prefill of "
+                              "the time)", lambda: concurrency_headline("concurrency_fastkvzip.json"), None),
+    "replicas": ("Two replicas behind sglang-router (cache-aware, round-robin) against one server of the same "
+                 "total KV bytes", lambda: "; ".join(
+                     f"{r['setting'].replace('_', '-')}: {r['turns_per_s']:.2f} turns/s, turn-2+ reuse "
+                     f"{pct(r['turn2_reuse'])}" for r in load("replicas.json")["rows"]), None),
+    "pressure": ("24 mixed requests, 12 at a time, on a 1,024-token pool: stock against two profiles at the same "
+                 "KV bytes", lambda: "; ".join(
+                     f"{pressure_label(r['setting'])}: {r['completed']} completed, {r['capped']} capped, "
+                     f"{r['refused']} refused, {r['failed']} failed" for r in load("pressure.json")["rows"]), None),
+    "soak": ("200 multi-turn sessions with aborts, hang-ups and retractions on a small pool", soak_headline, None),
+    "prefill_cost": ("Served prefill time per 2,048-token prompt for each scorer against stock SGLang",
+                     lambda: ", ".join(f"{server_label(r, 0.5)} {times(r['vs_stock'])}"
+                                       for r in load("prefill_cost.json")["rows"][1:]), None),
+    "decode_step": ("Served decode step of a batch of 8 x 2,048 cached tokens against stock SGLang",
+                    lambda: ", ".join(f"{server_label(r, None)} {times(r['vs_stock'])}"
+                                      for r in load("decode_step.json")["rows"][1:]), None),
+    "cpu_decode": ("Decode attention alone: the torch data plane against SGLang's torch_native backend",
+                   lambda: "SnapKV 0.25 attends " + ", ".join(
+                       f"{times(r['torch_native_ms'] / r['tangram_tile_ms'])} faster at {r['config']}"
+                       for r in load("cpu_decode.json")["rows"] if (r["method"], r["ratio"]) == ("snapkv", 0.25)),
+                   None),
+    "control_plane": ("Host time of admission and allocation per request as layers x groups grow",
+                      control_plane_headline, None),
+    "control_plane_decode": ("Host time per decode step (batch 64, 32 layers x 4 groups) against SGLang's",
+                             lambda: ", ".join(f"{r['context']:,} context: "
+                                               f"{times(r['host_and_check_median'] / r['sglang_median'])} SGLang"
+                                               for r in load("control_plane_decode.json")["rows"]), None),
+    "load_balance": ("Decode load balance: uniform splits, per-step planning and the split map (modeled, "
+                     "132 CTAs)", load_balance_headline, None),
+    "memory_reclaim": ("KV memory freed by ragged paging for each grouping, on SmolLM2 and the authors' large-model "
+                       "profiles", reclaim_headline, None),
+    "tp_memory": ("KV slots per token summed over tensor-parallel ranks, as a share of full KV", tp_headline,
+                  None),
+}
+
+
+def clean_command(cmd: str) -> str:
+    words = []
+    for w in cmd.split():
+        for root in ("benchmarks/", "configs/"):
+            if w.startswith("/") and root in w:
+                w = w[w.index(root):]
+        words.append(w)
+    if words and words[0] == "python":
+        words[0] = ".venv/bin/python"
+    for i, w in enumerate(words):
+        if w.startswith("benchmarks/") and w.endswith(".py") and (i == 0 or "python" not in words[i - 1]):
+            words.insert(i, ".venv/bin/python")
+            break
+    return " ".join(words)
+
+
+def command_of(stem: str, files: list[str]) -> str | None:
+    for f in files:
+        if f.endswith(".json") and f != "fidelity_versions.json":
+            d = load(f)
+            if isinstance(d, dict) and (d.get("command") or d.get("meta", {}).get("command")):
+                return clean_command(d.get("command") or d["meta"]["command"])
+    if stem + ".md" in files:
+        parts = (RESULTS / (stem + ".md")).read_text().split("`")
+        for span in parts[1::2]:
+            if ".py" in span and "benchmarks/" in span:
+                return clean_command(span)
+    return None
+
+
+def results_index() -> str:
+    stems: dict[str, list[str]] = {}
+    for p in sorted(RESULTS.iterdir()):
+        if p.name != "README.md" and p.is_file():
+            stems.setdefault(p.name.split(".")[0], []).append(p.name)
+    lines = ["# Results files", "",
+             "Generated by `benchmarks/report_tables.py` from the files in this folder; do not edit by hand. "
+             "Timings come from a CPU (2 shared cores, float32) unless a file names a device; memory_reclaim, "
+             "tp_memory and load_balance are computed from profiles. Each `.md` is written by the benchmark "
+             "beside its `.json`. Explanations: [docs/results.md](../../docs/results.md).", ""]
+    for stem, files in stems.items():
+        what, headline, fallback = INDEX.get(stem, ("not described in benchmarks/report_tables.py",
+                                                    lambda: "-", None))
+        command = command_of(stem, files)
+        lines += [f"## {stem}", "", "Files: " + ", ".join(f"[{f}]({f})" for f in files), "",
+                  f"- Measures: {what}.", f"- Command: `{command}`" if command else f"- Command: {fallback or '-'}.",
+                  f"- Headline: {headline()}.", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------- writing and checking
+
+def fill(text: str, begin: str, end: str, body: list[str], where: str) -> str:
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise SystemExit(f"{where}: needs exactly one {begin} ... {end}")
+    head, rest = text.split(begin)
+    tail = rest.split(end)[1]
+    return head + begin + "\n" + "\n".join(body) + "\n" + end + tail
+
+
+def doc_names(text: str) -> list[str]:
+    return [part.split(":begin -->")[0] for part in text.split("<!-- results:")[1:] if ":begin -->" in
+            part.split("\n")[0]]
+
+
+def expected() -> dict[pathlib.Path, str]:
+    readme = REPO / "README.md"
+    out = {readme: fill(readme.read_text(), "<!-- results:begin -->", "<!-- results:end -->", key_results(),
+                        "README.md"),
+           RESULTS / "README.md": results_index()}
+    doc = REPO / "docs" / "results.md"
+    if doc.exists():
+        text = doc.read_text()
+        unknown = [n for n in doc_names(text) if n not in DOC_BLOCKS]
+        if unknown:
+            raise SystemExit(f"docs/results.md: unknown table(s) {unknown}; known: {sorted(DOC_BLOCKS)}")
+        for name in doc_names(text):
+            text = fill(text, f"<!-- results:{name}:begin -->", f"<!-- results:{name}:end -->",
+                        DOC_BLOCKS[name](), "docs/results.md")
+        out[doc] = text
+    return out
+
+
+def diff(path: pathlib.Path, old: str, new: str) -> str:
+    """One hunk: the lines between the common head and the common tail."""
+    a, b = old.splitlines(), new.splitlines()
+    i = 0
+    while i < min(len(a), len(b)) and a[i] == b[i]:
+        i += 1
+    j = 0
+    while j < min(len(a), len(b)) - i and a[-1 - j] == b[-1 - j]:
+        j += 1
+    lines = [f"--- {path.relative_to(REPO)} (on disk)", f"+++ {path.relative_to(REPO)} (generated)",
+             f"@@ line {i + 1} @@"]
+    return "\n".join(lines + ["-" + x for x in a[i:len(a) - j]] + ["+" + x for x in b[i:len(b) - j]])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 with a diff if a file is stale")
+    args = ap.parse_args(argv)
+    stale = 0
+    for path, text in expected().items():
+        old = path.read_text() if path.exists() else ""
+        if old == text:
+            continue
+        if args.check:
+            print(diff(path, old, text))
+            stale += 1
+        else:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(REPO)}")
+    if stale:
+        print(f"{stale} file(s) differ from what benchmarks/report_tables.py writes: run it and commit the result")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,396 @@
+"""Dense end-to-end oracle of what the Tangram server computes for one request.
+
+Independent of ``tangram_sglang.attention``: pure torch on a Hugging Face
+Llama / Qwen2 model, full K/V stored densely and compression expressed as a
+boolean ``kept`` mask per (layer, KV head) over absolute positions. The served
+path (paged, ragged, fused kernels) must produce the same greedy tokens.
+
+Semantics for one request, greedy, float32:
+
+* The prompt runs in compression chunks [s, e). In layer l, query position i
+  of query head j (KV head h = j // (Hq // H)) attends to
+  {p < s : kept[l][h][p]}  ∪  {s <= p <= i}: earlier chunks compressed,
+  the current chunk causal and uncompressed.
+* After the chunk's attention in layer l, the method's scorer rates the chunk
+  (one ScorerState per layer for the whole request) and a selection policy
+  marks what each head keeps. The served policy (``ProfileSelection``): each
+  KV head h of group g keeps its own top keep_count(beta[l][g], n) chunk
+  positions (ties: the later position wins); all heads of a group keep the same
+  count. Benchmarks also run the dynamic method the profile freezes
+  (``DynamicSelection``: per-chunk global top-k over the layer's heads, paper
+  Eq. 3, or with scope "model" over every layer's heads once the chunk has
+  run through all layers) and a uniform budget (``UniformSelection``) through
+  the same oracle.
+* A reconstruction scorer (KVzip, scorers/kvzip.py) scores the chunk after it
+  has run through every layer: prefix + chunk tokens run once more after it,
+  attending to the kept history, the whole chunk and themselves (not stored).
+* The first generated token is the argmax at the last prompt position. Every
+  decode token at position p attends to all kept positions plus itself and
+  earlier decode tokens; decode tokens are never compressed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from tangram_sglang.method.budgets import SCOPES, keep_count
+from tangram_sglang.method.chunks import split_tokens
+from tangram_sglang.method.protection import Protection, chunk_protection
+from tangram_sglang.scorers import Scorer, ScorerState, get_scorer
+from tangram_sglang.scorers.selection import PROTECTED_SCORE, global_topk_mask, model_topk_masks, protect_scores
+
+
+@dataclass
+class LayerKV:
+    """Dense cache of one layer: k, v float32 [P, H, d] (post-RoPE K), kept bool [H, P]."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    kept: torch.Tensor
+
+    @classmethod
+    def empty(cls, num_kv_heads: int, head_dim: int) -> "LayerKV":
+        return cls(torch.zeros(0, num_kv_heads, head_dim), torch.zeros(0, num_kv_heads, head_dim),
+                   torch.zeros(num_kv_heads, 0, dtype=torch.bool))
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store a chunk's k, v [n, H, d]; its positions start not kept (set by the caller)."""
+        self.k = torch.cat([self.k, k])
+        self.v = torch.cat([self.v, v])
+        self.kept = torch.cat([self.kept, torch.zeros(k.shape[1], k.shape[0], dtype=torch.bool)], dim=1)
+
+
+@dataclass
+class ReferenceRun:
+    """What reference_run computed.
+
+    tokens: generated ids; chunks: the prompt's (start, end) compression chunks;
+    kept: per layer, bool [H, P] over every position of the request (P = prompt
+    + fed decode tokens); prompt_logits: float32 [V] at the last prompt position.
+    """
+
+    tokens: list[int]
+    chunks: list[tuple[int, int]]
+    kept: list[torch.Tensor]
+    prompt_logits: torch.Tensor
+    states: list[ScorerState] = field(default_factory=list)
+
+
+def chunk_bounds(num_tokens: int, chunk_tokens: list[int] | None = None,
+                 chunk_size: int = 512) -> list[tuple[int, int]]:
+    """[(start, end)] compression chunks covering [0, num_tokens).
+
+    chunk_tokens, if given, are the chunk lengths (each >= 1, summing to
+    num_tokens); otherwise consecutive chunks of chunk_size, the remainder last.
+    """
+    if chunk_tokens is None:
+        chunk_tokens = split_tokens(num_tokens, chunk_size)
+    if any(int(n) < 1 for n in chunk_tokens) or sum(chunk_tokens) != num_tokens:
+        raise ValueError(f"chunk_tokens {list(chunk_tokens)} must be >= 1 each and sum to {num_tokens}")
+    ends = np.cumsum([0] + [int(n) for n in chunk_tokens]).tolist()
+    return list(zip(ends[:-1], ends[1:]))
+
+
+def allowed_keys(kept_before: torch.Tensor, n: int) -> torch.Tensor:
+    """Keys each chunk query may see: bool [H, n, s + n].
+
+    kept_before: bool [H, s], the kept mask of the positions before the chunk.
+    Row i (chunk position s + i) allows kept earlier positions and chunk
+    positions s .. s + i.
+    """
+    num_heads, s = kept_before.shape
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    return torch.cat([kept_before[:, None, :].expand(num_heads, n, s),
+                      causal[None].expand(num_heads, n, n)], dim=2)
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Softmax attention over the allowed keys only: [n, Hq, d].
+
+    q: [n, Hq, d]; k, v: [T, H, d]; allowed: bool [H, n, T], shared by the
+    Hq // H query heads of each KV head. Scale 1 / sqrt(d).
+    """
+    n, num_q, d = q.shape
+    group = num_q // k.shape[1]
+    keys = k.transpose(0, 1).repeat_interleave(group, dim=0)  # [Hq, T, d]
+    vals = v.transpose(0, 1).repeat_interleave(group, dim=0)
+    logits = torch.matmul(q.transpose(0, 1), keys.transpose(1, 2)) / math.sqrt(d)  # [Hq, n, T]
+    mask = allowed.repeat_interleave(group, dim=0)
+    probs = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.matmul(probs, vals).transpose(0, 1)
+
+
+def top_positions(row: torch.Tensor, count: int) -> list[int]:
+    """The ``count`` best positions of one head's scores row [n] (ties: later position first).
+
+    Like the served path, -inf is clamped to the lowest float first, so such
+    tokens tie among themselves and fall to the same later-first rule.
+    """
+    values = torch.clamp(row.float(), min=torch.finfo(torch.float32).min).tolist()
+    if any(math.isnan(x) for x in values):
+        raise ValueError("scorer returned NaN")
+    return sorted(range(len(values)), key=lambda p: (values[p], p), reverse=True)[:count]
+
+
+def head_keep_counts(group_budget: np.ndarray, groups: list[list[int]], num_kv_heads: int, n: int) -> list[int]:
+    """Tokens each KV head keeps from an n-token chunk: keep_count(beta_g, n) of its group."""
+    counts = [-1] * num_kv_heads
+    for beta, group in zip(group_budget, groups):
+        for h in group:
+            counts[h] = int(keep_count(float(beta), n))
+    return counts
+
+
+def check_entry(entry, heads_per_group: int, num_layers: int, num_kv_heads: int) -> None:
+    """ValueError unless the entry fits the model and every layer's groups partition its heads."""
+    budgets = np.asarray(entry.budgets)
+    if budgets.shape != (num_layers, num_kv_heads):
+        raise ValueError(f"entry budgets {budgets.shape} do not fit the model ({num_layers}, {num_kv_heads})")
+    for layer, groups in enumerate(entry.groups):
+        heads = sorted(h for g in groups for h in g)
+        if heads != list(range(num_kv_heads)) or any(not 1 <= len(g) <= heads_per_group for g in groups):
+            raise ValueError(f"layer {layer}: groups {groups} are not a partition into <= {heads_per_group} heads")
+
+
+class ProfileSelection:
+    """The served policy: head h of group g keeps its top keep_count(beta[l][g], n) positions."""
+
+    def __init__(self, entry):
+        self.entry = entry
+
+    def kept_mask(self, layer: int, scores: torch.Tensor, floor: int = 0) -> torch.Tensor:
+        """scores float [H, n] (protected positions already raised), floor: protected tokens -> bool [H, n]."""
+        num_heads, n = scores.shape
+        counts = head_keep_counts(self.entry.group_budget[layer], self.entry.groups[layer], num_heads, n)
+        return _mask_of_counts(scores, [max(c, floor) for c in counts])
+
+
+class DynamicSelection:
+    """Per-chunk global top ceil(ratio * H * n) of the layer's scores (the paper's "w/o Tangram").
+
+    scope "model" (a profile calibrated that way): the top ceil(ratio * L * H * n) of every layer's
+    scores of the chunk (``kept_masks``, called once all layers have scored it)."""
+
+    def __init__(self, ratio: float, scope: str = "layer"):
+        if scope not in SCOPES:
+            raise ValueError(f"selection scope must be one of {SCOPES}, got {scope!r}")
+        self.ratio, self.scope = float(ratio), scope
+
+    def kept_mask(self, layer: int, scores: torch.Tensor, floor: int = 0) -> torch.Tensor:
+        mask = global_topk_mask(_finite(scores), self.ratio)
+        return mask | (scores >= PROTECTED_SCORE)
+
+    def kept_masks(self, scores: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Model scope: scores L x float [H, n] (protected raised) -> L x bool [H, n]."""
+        masks = model_topk_masks([_finite(sc) for sc in scores], self.ratio)
+        return [m | (sc >= PROTECTED_SCORE) for m, sc in zip(masks, scores)]
+
+
+def _finite(scores: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(scores.float(), min=torch.finfo(torch.float32).min)
+
+
+class UniformSelection:
+    """Every head keeps its own top keep_count(ratio, n) positions."""
+
+    def __init__(self, ratio: float):
+        self.ratio = float(ratio)
+
+    def kept_mask(self, layer: int, scores: torch.Tensor, floor: int = 0) -> torch.Tensor:
+        num_heads, n = scores.shape
+        return _mask_of_counts(scores, [max(int(keep_count(self.ratio, n)), floor)] * num_heads)
+
+
+def _mask_of_counts(scores: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    mask = torch.zeros(scores.shape, dtype=torch.bool)
+    for h, count in enumerate(counts):
+        mask[h, top_positions(scores[h], count)] = True
+    return mask
+
+
+class _DenseTangram:
+    """The model run layer by layer with per-head kept masks (see module docstring)."""
+
+    def __init__(self, model, entry, heads_per_group: int, method: str, selection=None,
+                 protection: Protection = Protection(), turn_ends: tuple[int, ...] = ()):
+        self.model = model
+        self.inner = model.model
+        cfg = model.config
+        self.num_q = cfg.num_attention_heads
+        self.num_kv = cfg.num_key_value_heads
+        self.head_dim = self.inner.layers[0].self_attn.head_dim
+        num_layers = len(self.inner.layers)
+        check_entry(entry, heads_per_group, num_layers, self.num_kv)
+        self.entry = entry
+        self.selection = selection or ProfileSelection(entry)
+        self.protection, self.turn_ends = protection, sorted(turn_ends)
+        self.scorer = method if isinstance(method, Scorer) else get_scorer(method)
+        self.cache = [LayerKV.empty(self.num_kv, self.head_dim) for _ in range(num_layers)]
+        self.states = [ScorerState() for _ in range(num_layers)]
+        self.pending: dict[int, torch.Tensor] = {}  # model scope: layer -> the chunk's protected scores
+
+    def _qkv(self, attn, x: torch.Tensor, cos, sin):
+        """Projections of x [n, D] -> q [n, Hq, d], k, v [n, H, d]; q, k after RoPE."""
+        n = x.shape[0]
+        q = attn.q_proj(x).view(1, n, self.num_q, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(1, n, self.num_kv, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(n, self.num_kv, self.head_dim)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q[0].transpose(0, 1), k[0].transpose(0, 1), v
+
+    def _compress(self, layer: int, q, k, v, start: int, hidden: torch.Tensor) -> None:
+        """Score this chunk in this layer and mark what the selection policy keeps."""
+        state = self.states[layer]
+        if state.tokens_seen != start:
+            raise RuntimeError(f"scorer state at {state.tokens_seen}, chunk starts at {start}")
+        scorer = self.scorer.for_layer(layer)
+        extra = {"hidden": hidden} if scorer.needs_hidden else {}
+        self._select(layer, scorer.score(q, k, v, state, **extra), start)
+
+    def _select(self, layer: int, scores: torch.Tensor, start: int) -> None:
+        """Mark the positions of the chunk at start (scores float [H, n]) the selection policy keeps."""
+        if torch.isnan(scores).any():
+            raise ValueError("scorer returned NaN")
+        n = scores.shape[1]
+        prompt_end = next((t for t in self.turn_ends if t >= start + n), start + n)
+        protect = chunk_protection(self.protection, start, [n], prompt_end)
+        scores = protect_scores(scores.float().clone()[None], [n], protect)[0]
+        if getattr(self.selection, "scope", "layer") == "model":
+            self.pending[layer] = scores
+            return
+        self.cache[layer].kept[:, start:start + n] = self.selection.kept_mask(layer, scores, sum(protect[0]))
+
+    def _select_model(self, start: int) -> None:
+        """Model scope: once every layer has scored the chunk at start, select over all of them."""
+        if not self.pending:
+            return
+        if sorted(self.pending) != list(range(len(self.cache))):
+            raise RuntimeError(f"chunk at {start} scored by layers {sorted(self.pending)} only")
+        scores = [self.pending.pop(layer) for layer in range(len(self.cache))]
+        for cache, mask in zip(self.cache, self.selection.kept_masks(scores)):
+            cache.kept[:, start:start + mask.shape[1]] = mask
+
+    def _reconstruct(self, ids: list[int], start: int) -> None:
+        """KVzip: run prefix + chunk after the chunk at start, score the chunk, select (scorers/kvzip.py).
+
+        The reconstruction tokens attend to the kept history, the whole chunk and themselves; their
+        K/V is not stored."""
+        n = len(ids)
+        rec = list(self.scorer.prefix_ids) + list(ids)
+        m = len(rec)
+        x = self.inner.embed_tokens(torch.tensor(rec))
+        first = min(start + n, int(self.model.config.max_position_embeddings) - m)  # as the server does
+        cos, sin = self.inner.rotary_emb(x[None], torch.arange(first, first + m)[None])
+        scores = []
+        for layer, block in enumerate(self.inner.layers):
+            q, k, v = self._qkv(block.self_attn, block.input_layernorm(x), cos, sin)
+            cache = self.cache[layer]
+            before = cache.kept[:, :start]
+            allowed = torch.cat([before[:, None, :].expand(-1, m, -1), torch.ones(self.num_kv, m, n, dtype=torch.bool),
+                                 torch.ones(m, m, dtype=torch.bool).tril()[None].expand(self.num_kv, -1, -1)], dim=2)
+            out = masked_attention(q, torch.cat([cache.k, k]), torch.cat([cache.v, v]), allowed)
+            scores.append(self._kvzip_scores(q, cache.k, k, before, start, n))
+            x = x + block.self_attn.o_proj(out.reshape(m, -1))
+            x = x + block.mlp(block.post_attention_layernorm(x))
+        for layer, sc in enumerate(scores):
+            self.states[layer].tokens_seen += n
+            self._select(layer, sc, start)
+        self._select_model(start)
+
+    def _kvzip_scores(self, q, cache_k, k_rec, before, start: int, n: int) -> torch.Tensor:
+        """Max softmax probability over reconstruction queries and GQA heads, per chunk entry: [H, n].
+
+        Softmax over the head's first ``sinks`` kept positions, the chunk and the causal reconstruction."""
+        m, group = q.shape[0], self.num_q // self.num_kv
+        out = torch.zeros(self.num_kv, n)
+        for h in range(self.num_kv):
+            sinks = torch.nonzero(before[h]).flatten()[: self.scorer.sinks]
+            keys = torch.cat([cache_k[sinks, h], cache_k[start:start + n, h], k_rec[:, h]])  # [S + n + m, d]
+            logits = torch.einsum("mgd,cd->gmc", q[:, h * group:(h + 1) * group], keys) / math.sqrt(q.shape[-1])
+            col = torch.arange(keys.shape[0]) - len(sinks) - n
+            logits = logits.masked_fill(col[None, None, :] > torch.arange(m)[None, :, None], float("-inf"))
+            probs = torch.softmax(logits, dim=-1)[..., len(sinks):len(sinks) + n]
+            out[h] = probs.amax(dim=(0, 1))
+        return out
+
+    def forward(self, ids: list[int], start: int, compress: bool) -> torch.Tensor:
+        """Run tokens at positions start .. start + n - 1; returns logits float32 [V] of the last.
+
+        compress: score and select this chunk (prefill); else keep it whole (decode).
+        """
+        n = len(ids)
+        x = self.inner.embed_tokens(torch.tensor(ids))  # [n, D]
+        pos = torch.arange(start, start + n)[None]
+        cos, sin = self.inner.rotary_emb(x[None], pos)
+        for layer, block in enumerate(self.inner.layers):
+            hidden = block.input_layernorm(x)
+            q, k, v = self._qkv(block.self_attn, hidden, cos, sin)
+            cache = self.cache[layer]
+            allowed = allowed_keys(cache.kept, n)
+            cache.append(k, v)
+            out = masked_attention(q, cache.k, cache.v, allowed)
+            x = x + block.self_attn.o_proj(out.reshape(n, -1))
+            x = x + block.mlp(block.post_attention_layernorm(x))
+            if compress and not self.scorer.needs_reconstruction:
+                self._compress(layer, q, k, v, start, hidden)
+            elif not compress:
+                cache.kept[:, start:] = True
+        logits = self.model.lm_head(self.inner.norm(x[-1:]))[0].float()
+        if compress and self.scorer.needs_reconstruction:
+            self._reconstruct(ids, start)
+        elif compress:
+            self._select_model(start)
+        return logits
+
+
+@torch.no_grad()
+def reference_run(model, entry, *, heads_per_group: int, method: str, prompt_ids: list[int],
+                  max_new_tokens: int, chunk_tokens: list[int] | None = None, chunk_size: int = 512,
+                  stop_ids: set[int] | frozenset = frozenset(), selection=None,
+                  protection: Protection = Protection(), turn_ends=None) -> ReferenceRun:
+    """reference_generate, also returning the kept masks and chunk bounds (see ReferenceRun).
+
+    selection: ProfileSelection(entry) (the default: what the server does), DynamicSelection
+    or UniformSelection. protection: sinks and newest prompt tokens every head keeps (as served).
+    turn_ends: for a multi-turn prompt, where each turn's request ended (the newest tokens of each
+    are protected, as the server did when it served that turn); default [len(prompt_ids)].
+    """
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty")
+    chunks = chunk_bounds(len(prompt_ids), chunk_tokens, chunk_size)
+    ends = tuple(turn_ends or ()) + (len(prompt_ids),)
+    run = _DenseTangram(model, entry, heads_per_group, method, selection, protection, ends)
+    for s, e in chunks:
+        logits = run.forward(prompt_ids[s:e], s, compress=True)
+    prompt_logits, tokens = logits, []
+    pos = len(prompt_ids)
+    while len(tokens) < max_new_tokens:
+        tokens.append(int(torch.argmax(logits)))
+        if tokens[-1] in stop_ids or len(tokens) == max_new_tokens:
+            break
+        logits = run.forward(tokens[-1:], pos, compress=False)
+        pos += 1
+    return ReferenceRun(tokens, chunks, [c.kept.clone() for c in run.cache], prompt_logits, run.states)
+
+
+def reference_generate(model, entry, *, heads_per_group: int, method: str, prompt_ids: list[int],
+                       max_new_tokens: int, chunk_tokens: list[int] | None = None,
+                       chunk_size: int = 512, stop_ids: set[int] | frozenset = frozenset(),
+                       protection: Protection = Protection(), turn_ends=None) -> list[int]:
+    """Greedy tokens the server must produce for this prompt (float32).
+
+    model: HF LlamaForCausalLM / Qwen2ForCausalLM, float32, eval. entry: a
+    profile RatioEntry (budgets [L, H], groups, group_budget beta [L, G]).
+    method: scorer name (scorers.get_scorer) or a Scorer (e.g. profile_scorer's). The prompt is compressed in
+    chunks of chunk_tokens (summing to len(prompt_ids)) or of chunk_size,
+    keeping the protected tokens (reference_run). Stops after max_new_tokens
+    or at a token in stop_ids (included).
+    """
+    return reference_run(model, entry, heads_per_group=heads_per_group, method=method, prompt_ids=prompt_ids,
+                         max_new_tokens=max_new_tokens, chunk_tokens=chunk_tokens, chunk_size=chunk_size,
+                         stop_ids=stop_ids, protection=protection, turn_ends=turn_ends).tokens

@@ -1,0 +1,244 @@
+"""The Tangram attention backend (``--attention-backend tangram``, set by --tangram-profile).
+
+Per forward batch, ``init_forward_metadata`` asks the serving state for the
+batch's page tables once (extend: draws each request's next chunk pages;
+decode: appends one slot per virtual layer). Per layer:
+
+* extend: chunk queries attend to each group's cached slots plus the chunk's
+  own K/V (causal), merged by log-sum-exp (on CPU both parts on ATen's fused
+  flash kernel, attention/fused_cpu.py); then the scorer rates the chunk
+  (scorers that read the layer's input hidden states get them from a forward
+  pre-hook on each attention module, registered at the first extend),
+  each head keeps its group's keep count (protected sinks and newest tokens
+  first), and only those K/V are written. A reconstruction scorer (KVzip)
+  holds the chunk back until its extra pass has scored it
+  (serving/reconstruction.py).
+* decode: the new token's K/V go to every group; attention runs per group over
+  its own length, cut by the profile's split map (tiles on CPU), reading each
+  request's block table in place (DeviceBlockTables, through the batch's rows).
+
+Kernels (serving/data_plane.py, --tangram-data-plane): on CUDA the Triton
+split-map decode kernel (or, with ``cuda``, the CUDA one) and the Triton chunk
+prefill (no host sync); elsewhere the torch data plane of
+tangram_sglang.attention, their reference.
+
+CUDA graphs (decode only, triton or cuda data plane): ``init_cuda_graph_state`` freezes
+the block tables at their largest size and allocates DecodeGraphBuffers; before
+each capture or replay ``init_forward_metadata_out_graph`` builds the eager plan of
+the batch's real entries (host control plane, as in eager decode) and copies it
+into the buffers, padding the rest of the bucket; the captured kernels read only
+those buffers, the frozen tables and the pages. The graph runner's batch view
+carries no request ids: ``graph_batch`` receives them from a hook on the runner
+(plugin.py), so no device read is needed to map rows to requests.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+from tangram_sglang.attention import (
+    compress_and_write,
+    ragged_decode_torch,
+    ragged_prefill_chunk_torch,
+    write_decode_kv,
+)
+from tangram_sglang.attention.reconstruction import reconstruction_attention
+from tangram_sglang.serving.data_plane import choose_data_plane
+from tangram_sglang.serving.decode_graph import DecodeGraph
+from tangram_sglang.serving.reconstruction import ReconstructionPass, run_reconstruction
+from tangram_sglang.sglang.server_args import data_plane_request
+
+CPU_TILE = 256
+logger = logging.getLogger("tangram_sglang")
+
+
+def hook_hidden_inputs(model, store: dict) -> bool:
+    """Keep each attention module's input hidden states [T, D] in store[layer_id] (forward pre-hooks)."""
+    count = 0
+    for mod in model.modules():
+        attn = getattr(mod, "attn", None)
+        if attn is None or not hasattr(attn, "layer_id") or not hasattr(attn, "tp_k_head_num"):
+            continue
+
+        def keep(m, args, kwargs, lid=attn.layer_id):
+            x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[1]
+            store[lid] = x[0] if isinstance(x, tuple) else x
+
+        mod.register_forward_pre_hook(keep, with_kwargs=True)
+        count += 1
+    if count == 0:
+        raise RuntimeError(f"tangram: no attention modules found in {type(model).__name__} to read hidden states")
+    return True
+
+
+class TangramAttnBackend(AttentionBackend):
+    def __init__(self, model_runner):
+        super().__init__()
+        self.serving = getattr(model_runner.token_to_kv_pool_allocator, "serving", None)
+        if self.serving is None or self.serving.cache is None:
+            raise RuntimeError("the tangram attention backend needs --tangram-profile")
+        self.device = model_runner.device
+        self.runner = model_runner
+        self.plan = None
+        self.hidden: dict[int, torch.Tensor] = {}
+        self.hooked = False
+        self.recon = ReconstructionPass()
+        self.wrapped = False
+        self.tile = CPU_TILE if str(self.device).startswith("cpu") else None
+        self.data_plane = choose_data_plane(data_plane_request(model_runner.server_args), self.device)
+        self.kernels = self.data_plane in ("triton", "cuda")
+        if self.kernels:
+            from tangram_sglang.attention.triton_decode import ragged_decode_triton
+            from tangram_sglang.attention.triton_prefill import ragged_prefill_chunk_triton
+
+            self._decode_kernel, self._prefill_triton = ragged_decode_triton, ragged_prefill_chunk_triton
+        if self.data_plane == "cuda":
+            from tangram_sglang.attention.cuda_ext import load_extension, ragged_decode_cuda
+
+            load_extension()   # compiled now, not in the first decode step
+            self._decode_kernel = ragged_decode_cuda
+        self.serving.data_plane = self.data_plane
+        self.graph: DecodeGraph | None = None
+        self.graph_rids: list | None = None
+
+    # -- CUDA graphs (decode) -------------------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        if not self.kernels:
+            raise RuntimeError(f"tangram: CUDA graphs need the triton or cuda data plane (this server runs "
+                               f"{self.data_plane!r}); pass --disable-cuda-graph")
+        if self.graph is not None:
+            return
+        tables = self.serving.tables
+        rows = int(self.runner.req_to_token_pool.size) + 1   # SGLang's rows, with room for its padding row
+        self.graph = DecodeGraph(self.serving, max_bs, rows, int(self.runner.model_config.context_len), self.device)
+        logger.info("Tangram CUDA graphs: decode buckets up to %d; block tables frozen at %s (%.1f MiB)",
+                    max_bs, "x".join(map(str, tables.pages.shape)), tables.nbytes() / 2**20)
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
+
+    def graph_batch(self, rids) -> None:
+        """The request ids of the batch the graph runner is about to replay (plugin hook)."""
+        self.graph_rids = None if rids is None else list(rids)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        """Capture or replay of a decode graph: the batch's plan into the static buffers."""
+        if self.graph is None or not forward_batch.forward_mode.is_decode():
+            raise RuntimeError(f"tangram: graph metadata for {forward_batch.forward_mode} without decode graph state")
+        bs = int(forward_batch.batch_size)
+        raw = 0 if in_capture else bs - int(getattr(forward_batch, "num_padding", 0) or 0)
+        rids = self.graph_rids if raw else []
+        if rids is None or len(rids) != raw:   # no hook ran: map rows to requests (a device read)
+            rids = self.serving.rids_of_rows(forward_batch.req_pool_indices[:raw].tolist())
+        self.graph_rids = None
+        self.plan = self.graph.prepare(rids, bs)
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        pass  # everything is prepared out of the graph, into static buffers
+
+    def init_forward_metadata(self, forward_batch):
+        mode = forward_batch.forward_mode
+        rids = forward_batch.rids  # host list (req_pool_indices would cost a device sync)
+        if rids is None:
+            rids = self.serving.rids_of_rows(forward_batch.req_pool_indices.tolist())
+        if mode.is_decode():
+            self.plan = self.serving.decode_metadata(rids)
+        elif mode.is_extend():
+            if self.serving.scorer.needs_hidden and not self.hooked:
+                self.hooked = hook_hidden_inputs(self.runner.model, self.hidden)
+            if self.serving.scorer.needs_reconstruction and not self.wrapped:
+                self.wrapped = self._wrap_model_forward()
+            self.recon.reset()
+            ext = forward_batch.extend_seq_lens_cpu
+            ext = ext.tolist() if hasattr(ext, "tolist") else list(ext)
+            self.plan = self.serving.extend_metadata(rids, ext)
+            self.cu_seqlens = torch.zeros(len(ext) + 1, dtype=torch.int64, device=self.device)
+            self.cu_seqlens[1:] = torch.cumsum(torch.tensor(ext, dtype=torch.int64), 0).to(self.device)
+        else:
+            raise NotImplementedError(f"tangram backend: forward mode {mode} is not supported")
+
+    def _pages(self):
+        data = self.serving.data
+        return data.k_pages, data.v_pages
+
+    def _wrap_model_forward(self) -> bool:
+        """After each extend forward, run the reconstruction pass and compress the held-back chunks."""
+        model = self.runner.model
+        inner = model.forward
+
+        def forward(*args, **kwargs):
+            out = inner(*args, **kwargs)
+            if self.recon.held:
+                fb = kwargs.get("forward_batch", args[2] if len(args) > 2 else None)
+                self._reconstruct_and_compress(model, fb)
+            return out
+
+        model.forward = forward
+        return True
+
+    def _reconstruct_and_compress(self, model, forward_batch) -> None:
+        plan, scorer = self.plan, self.serving.scorer
+        run_reconstruction(model, forward_batch, self.cu_seqlens, scorer.prefix_ids, self.recon,
+                           max_positions=int(self.runner.model_config.context_len))
+        k_pages, v_pages = self._pages()
+        for lid, (q3, k3, v3) in sorted(self.recon.held.items()):
+            compress_and_write(q3, k3, v3, self.cu_seqlens, scorer, plan.states[lid], self.serving.metas[lid],
+                               plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect,
+                               scores=self.recon.scores[lid], chunk_plan=plan.chunks[lid])
+        self.recon.reset()
+
+    def _forward_reconstruction(self, q3, k3, v3, layer):
+        lid, plan = layer.layer_id, self.plan
+        _, k_chunk, v_chunk = self.recon.held[lid]
+        k_pages, v_pages = self._pages()
+        o, scores = reconstruction_attention(q3, k3, v3, self.recon.cu_rec, k_chunk, v_chunk, self.cu_seqlens,
+                                             k_pages, v_pages, plan.block_table[lid], plan.seq_lens[lid],
+                                             self.serving.metas[lid], layer.scaling,
+                                             sinks=self.serving.scorer.sinks)
+        self.recon.scores[lid] = scores
+        return o
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        lid, plan = layer.layer_id, self.plan
+        meta = self.serving.metas[lid]
+        k_pages, v_pages = self._pages()
+        q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        k3 = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
+        v3 = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
+        if self.recon.active:
+            o = self._forward_reconstruction(q3, k3, v3, layer)
+            return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+        if self.kernels:
+            o = self._prefill_triton(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
+                                     plan.seq_lens[lid], meta, layer.scaling, split=self.serving.split_rows[lid])
+        else:
+            o = ragged_prefill_chunk_torch(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
+                                           plan.seq_lens[lid], meta, layer.scaling, fused=True)
+        if save_kv_cache and self.serving.scorer.needs_reconstruction:
+            self.recon.hold(lid, q3, k3, v3)  # compressed once the reconstruction pass has scored it
+        elif save_kv_cache:
+            compress_and_write(q3, k3, v3, self.cu_seqlens, self.serving.scorer.for_layer(lid), plan.states[lid],
+                               meta, plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect,
+                               hidden=self.hidden.pop(lid, None), chunk_plan=plan.chunks[lid])
+        return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        lid, plan = layer.layer_id, self.plan
+        meta = self.serving.metas[lid]
+        k_pages, v_pages = self._pages()
+        q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        if save_kv_cache:
+            write_decode_kv(k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
+                            v.view(-1, layer.tp_v_head_num, layer.v_head_dim), plan.out_loc[lid], meta,
+                            k_pages, v_pages)
+        decode = self._decode_kernel if self.kernels else ragged_decode_torch
+        kw = {} if self.kernels else {"tile": self.tile}
+        o = decode(q3, k_pages, v_pages, plan.block_table[lid], plan.seq_lens[lid], meta,
+                   self.serving.split_rows[lid], layer.scaling, rows=plan.rows, **kw)
+        return o.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+    def support_triton(self):
+        return False

@@ -1,0 +1,107 @@
+"""SGLang options and model paths a profile cannot be served with: refused at launch, one line each.
+
+Checked in the launching process (server_args_ext.attach_profile) once SGLang has
+built its ServerArgs, so nothing is spawned. Each entry says why; what is not
+listed runs with a profile (the tests say which are exercised).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from tangram_sglang.profile import ProfileError
+
+OPTIONS = [  # (ServerArgs field, unsupported when, why)
+    ("pp_size", lambda v: (v or 1) > 1, "pipeline parallelism: the pool is built for every layer in one process"),
+    ("dp_size", lambda v: (v or 1) > 1, "data parallelism inside one server: run replicas behind sglang-router"),
+    ("enable_dp_attention", bool, "DP attention: one pool per scheduler process is not coordinated across ranks"),
+    ("speculative_algorithm", lambda v: v not in (None, "", "NONE"),
+     "speculative decoding: draft and verify passes write KV outside the compression chunk schedule"),
+    ("enable_hierarchical_cache", bool, "HiCache: it moves SGLang's token pool pages, the ragged pool has none"),
+    ("disaggregation_mode", lambda v: v not in (None, "null"),
+     "prefill/decode disaggregation: transfers SGLang's token pool KV, not the ragged pool"),
+    ("enable_streaming_session", bool, "streaming sessions: their KV reuse bypasses the segment radix tree"),
+    ("enable_session_radix_cache", bool, "session radix cache: replaces the segment radix tree"),
+    ("enable_lora", bool, "LoRA: adapters change K/V per request, compressed segments are not keyed by adapter"),
+    ("lora_paths", bool, "LoRA: adapters change K/V per request, compressed segments are not keyed by adapter"),
+    ("kv_cache_dtype", lambda v: v not in (None, "auto", "float32", "bfloat16", "float16"),
+     "quantized KV (fp8/fp4): the ragged pool stores K/V in the model dtype"),
+    ("enable_mixed_chunk", bool, "mixed chunked prefill: decode tokens would ride in an extend batch, outside "
+     "the compression chunk schedule"),
+    ("enable_two_batch_overlap", bool, "two-batch overlap: splits a batch's forward metadata in two"),
+    ("enable_pdmux", bool, "PD multiplexing: runs prefill and decode on separate streams over SGLang's pool"),
+    ("enable_torch_compile", bool, "torch.compile: traces the attention backend's host-side planning"),
+    ("enable_multimodal", bool, "multimodal inputs: image/audio tokens are not calibrated"),
+    ("cuda_graph_backend_decode", lambda v: v not in (None, "full", "disabled"),
+     "breakable decode CUDA graphs: the Tangram backend captures full decode graphs only"),
+    ("cuda_graph_backend_prefill", lambda v: v not in (None, "disabled"),
+     "prefill CUDA graphs: compression plans each chunk on the host"),
+]
+
+
+class UnsupportedOption(ProfileError):
+    def __init__(self, option: str, why: str):
+        ValueError.__init__(self, f"{option}: not supported with --tangram-profile ({why})")
+        self.field, self.problem = option, why
+
+
+def check_tensor_parallel(server_args, profile) -> None:
+    """--tp-size t: the KV heads must shard evenly (the rank views regroup otherwise), and the
+    scorer must score a rank's heads on their own (KVzip's reconstruction pass re-runs SGLang's
+    layers inside the backend, which is not done across ranks)."""
+    from tangram_sglang.profile.tensor_parallel import check_tp_size
+
+    tp = getattr(server_args, "tp_size", 1) or 1
+    if tp == 1:
+        return
+    check_tp_size(profile.model.num_kv_heads, tp, profile.tp_size)
+    if profile.calibration.method == "kvzip":
+        raise UnsupportedOption(f"--tp-size {tp}", "a KVzip profile's reconstruction pass runs on one rank's "
+                                "layers only; serve its FastKVzip gate (calibrate --method fastkvzip) with TP")
+
+
+def check_server_args(server_args) -> None:
+    """Raise UnsupportedOption naming the first option a profile cannot be served with."""
+    for field, bad, why in OPTIONS:
+        value = getattr(server_args, field, None)
+        if value is not None and bad(value):
+            flag = f"--{field.replace('_', '-')}"
+            raise UnsupportedOption(flag if value is True else f"{flag} {value}", why)
+    device = getattr(server_args, "device", None) or "auto"
+    arch = _architectures(getattr(server_args, "model_path", None))
+    fused = arch & fused_set_kv_architectures()
+    if fused and device != "cpu":
+        raise UnsupportedOption(
+            f"model {sorted(fused)[0]} on {device}", "on a GPU SGLang's model writes K/V itself through a fused "
+            "set-KV kernel into SGLang's token pool, which a profile shrinks; serve it with --device cpu")
+
+
+def _architectures(model_path: str | None) -> set[str]:
+    config = os.path.join(model_path or "", "config.json")
+    if not model_path or not os.path.isfile(config):
+        return set()
+    import json
+
+    with open(config) as f:
+        return set(json.load(f).get("architectures") or [])
+
+
+def fused_set_kv_architectures() -> set[str]:
+    """Architectures whose SGLang model file may write K/V through enable_fused_set_kv_buffer
+    (read from the installed sglang's model sources: their EntryClass names)."""
+    import sglang.srt.models as models
+
+    folder = list(models.__path__)[0]  # a namespace package: no __file__
+    found: set[str] = set()
+    for path in sorted(os.listdir(folder)):
+        if not path.endswith(".py") or path == "utils.py":
+            continue
+        with open(os.path.join(folder, path), encoding="utf-8") as f:
+            text = f.read()
+        if "enable_fused_set_kv_buffer" not in text:
+            continue
+        m = re.search(r"^EntryClass\s*=\s*(\[[^\]]*\]|\w+)", text, re.M)
+        if m:
+            found.update(re.findall(r"\w+", m.group(1)))
+    return found

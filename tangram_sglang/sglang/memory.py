@@ -1,0 +1,100 @@
+"""Memory pools when a profile is served: the ragged page pool replaces SGLang's token pool.
+
+SGLang sizes its KV cache (from free memory or --max-total-tokens) as
+``max_total_num_tokens`` full-KV token slots. Three AROUND hooks on
+KVCacheConfigurator turn that into Tangram's pool:
+
+* ``_derive_pool_sizes``: the same bytes become ragged pages
+  (TangramServing.build_pool); SGLang's token count becomes a *logical* id
+  space large enough for every token the pages can hold, so pages, not ids,
+  are what limits admission.
+* ``_build_token_to_kv_pool``: SGLang's per-token K/V buffers shrink to one
+  page (nothing reads them: the Tangram attention backend reads the pages).
+* ``_build_token_to_kv_pool_allocator``: TangramAllocator hands out logical
+  ids and answers SGLang's decode-capacity question with pages.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+from tangram_sglang.serving.runtime import current
+
+logger = logging.getLogger("tangram_sglang")
+
+PAGE_SIZE = 16
+_STUB_TOKENS = 16
+
+
+def _active(configurator):
+    return None if configurator.is_draft_worker else current()
+
+
+class TangramAllocator(TokenToKVPoolAllocator):
+    """Logical token ids for SGLang's bookkeeping; real capacity is the ragged pool's pages."""
+
+    def __init__(self, size: int, *, dtype, device, kvcache, serving):
+        super().__init__(size, dtype=dtype, device=device, kvcache=kvcache, need_sort=False)
+        self.serving = serving
+
+    def check_decode_capacity(self, *, num_tokens: int, tree_cache, requests=None, spec_algorithm=None) -> bool:
+        if not super().check_decode_capacity(num_tokens=num_tokens, tree_cache=tree_cache, requests=requests,
+                                             spec_algorithm=spec_algorithm):
+            return False
+        rids = [r.rid for r in (requests or ())]
+        return self.serving.ensure_decode_room(rids)
+
+    def max_new_tokens_for_memory(self, input_tokens: int, max_new_tokens: int, *, token_capacity: int,
+                                  sliding_window_size=None, chunk_size=None) -> int | None:
+        """SGLang's arrival cap (Scheduler.init_req_max_new_tokens), in pages: the most tokens the
+        request could ever generate with the whole ragged pool to itself (its prompt compressed),
+        so decode never needs more than the pool. A prompt that can never fit is left to the
+        arrival hook, which refuses it naming the pool (HTTP 400)."""
+        return self.serving.max_decode_tokens(int(input_tokens), int(max_new_tokens))
+
+
+def derive_pool_sizes(original, configurator, *args, **kwargs):
+    sizes = original(configurator, *args, **kwargs)
+    serving = _active(configurator)
+    if serving is None:
+        return sizes
+    mc = configurator.model_config
+    tp_size, tp_rank = _tensor_parallel(configurator)
+    logical = serving.build_pool(mc.hf_config, stock_tokens=sizes.max_total_num_tokens,
+                                 dtype=configurator.kv_cache_dtype, device=configurator.device,
+                                 page_size=PAGE_SIZE, num_q_heads=mc.get_num_attention_heads(tp_size),
+                                 tp_size=tp_size, tp_rank=tp_rank)
+    spec = serving.spec
+    rank = f" (TP rank {tp_rank} of {tp_size}: its {serving.entry.budgets.shape[1]} KV heads)" if tp_size > 1 else ""
+    logger.info("Tangram pool%s: %d pages of %d slots (%d B each, %.1f MiB) = the bytes of %d full-KV tokens; "
+                "%d virtual layers; logical token ids: %d", rank, spec.num_pages, spec.page_size, spec.page_size_bytes,
+                spec.pool_bytes / 2**20, sizes.max_total_num_tokens, spec.num_virtual, logical)
+    return msgspec.structs.replace(sizes, max_total_num_tokens=logical)
+
+
+def _tensor_parallel(configurator) -> tuple[int, int]:
+    """(TP size, this rank): SGLang's parallel state is initialized before the pools are built."""
+    tp_size = int(getattr(configurator.server_args, "tp_size", 1) or 1)
+    if tp_size == 1:
+        return 1, 0
+    from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    return tp_size, int(get_tensor_model_parallel_rank())
+
+
+def build_token_to_kv_pool(original, configurator, *args, sizes, **kwargs):
+    if _active(configurator) is None:
+        return original(configurator, *args, sizes=sizes, **kwargs)
+    stub = msgspec.structs.replace(sizes, max_total_num_tokens=_STUB_TOKENS)
+    return original(configurator, *args, sizes=stub, **kwargs)
+
+
+def build_allocator(original, configurator, *args, sizes, token_to_kv_pool, **kwargs):
+    serving = _active(configurator)
+    if serving is None:
+        return original(configurator, *args, sizes=sizes, token_to_kv_pool=token_to_kv_pool, **kwargs)
+    return TangramAllocator(sizes.max_total_num_tokens, dtype=configurator.kv_cache_dtype,
+                            device=configurator.device, kvcache=token_to_kv_pool, serving=serving)

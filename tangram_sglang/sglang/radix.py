@@ -1,0 +1,330 @@
+"""TangramRadixCache: SGLang's radix tree over compressed segments (``--radix-cache-backend tangram``).
+
+Every node is one pool segment: a compressed prompt chunk (atomic: its kept
+slots are not token positions, so a match takes it whole or not at all) or a
+run of uncompressed generated tokens (splittable at any token). Because
+chunking depends on where a request's cached prefix ended, two requests can
+compress the same tokens into differently cut segments; so, unlike a plain
+radix tree, a node may have several children starting with the same token,
+and a match takes the longest child that is fully usable.
+
+SGLang still sees what it expects: node.value holds one logical token id per
+token (ids from the Tangram allocator, with no KV behind them), lock
+references and evictable / protected token counts work as in RadixCache, and
+checkpoint() repoints the request's req_to_token row onto the tree's ids.
+Evicting a node frees its logical ids and drops its segment's page references.
+
+Worked example: request A = [sys, a] (one chunk) finished; request B = [sys, b]
+matches nothing (sys sits inside A's atomic chunk), compresses [sys, b] itself
+and becomes root's second child starting with sys's first token. B's turn 2,
+[sys, b, out_b, c], matches B's chunk and its uncompressed tail.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+
+import numpy as np
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult, MatchPrefixParams, MatchResult
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
+
+
+class SegNode(TreeNode):
+    def __init__(self, *, tokens: np.ndarray, value: torch.Tensor, seg, extra_key=None):
+        super().__init__()
+        self.children: dict = {}          # (extra_key, first token) -> list[SegNode]
+        self.tokens = tokens              # int64 [n]
+        self.key = RadixKey(token_ids=tokens.tolist(), extra_key=extra_key)
+        self.value = value                # int64 [n] logical ids
+        self.seg = seg                    # pool Segment (None only for the root)
+        self.extra_key = extra_key
+
+    @property
+    def compressed(self) -> bool:
+        return self.seg is not None and self.seg.compressed
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(a.size, b.size)
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+def _tokens(ids) -> np.ndarray:
+    return np.asarray(ids, dtype=np.int64)
+
+
+class TangramRadixCache(RadixCache):
+    def __init__(self, params, serving):
+        self.serving = serving
+        super().__init__(params)
+        serving.tree = self
+
+    # -- structure -------------------------------------------------------------------------------
+    def reset(self):
+        if getattr(self, "root_node", None) is not None:
+            for node in self._nodes():
+                self.serving.cache.evict(node.seg.seg_id)
+        super().reset()
+        self._heap: list = []  # (priority, id, seq, node) of evictable leaves; stale entries skipped
+        self._seq = itertools.count()
+        root = SegNode(tokens=np.zeros(0, np.int64), value=[], seg=None)
+        root.lock_ref = 1
+        self.root_node = root
+        self._empty_match_result = self._empty_match_result._replace(
+            last_device_node=root, last_host_node=root, best_match_node=root)
+
+    def _nodes(self):
+        stack = [self.root_node]
+        while stack:
+            node = stack.pop()
+            for kids in node.children.values():
+                stack.extend(kids)
+            if node is not self.root_node:
+                yield node
+
+    @staticmethod
+    def _child_key(extra_key, token) -> tuple:
+        return (extra_key, int(token))
+
+    def _add_child(self, parent: SegNode, child: SegNode) -> None:
+        child.parent = parent
+        parent.children.setdefault(self._child_key(child.extra_key, child.tokens[0]), []).append(child)
+
+    def _remove_child(self, parent: SegNode, child: SegNode) -> None:
+        key = self._child_key(child.extra_key, child.tokens[0])
+        kids = parent.children[key]
+        kids.remove(child)
+        if not kids:
+            del parent.children[key]
+
+    # -- match -----------------------------------------------------------------------------------
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        key = params.key
+        if self.disable or len(key) == 0:
+            return self._empty_match_result
+        node, pos = self._walk(key, split=True)
+        return MatchResult(device_prefix_len=pos, last_device_node=node, last_host_node=node,
+                           best_match_node=node)
+
+    def touch_prefix(self, key: RadixKey) -> None:
+        """Bump the recency of every node a match of ``key`` would use (SGLang's waiting-prefix
+        refresh calls it head of the queue last, so LRU evicts the histories needed last first).
+        Unlike a match it never splits: a partly matched uncompressed node is touched whole."""
+        if not self.disable and len(key) > 0:
+            self._walk(key, split=False)
+
+    def _walk(self, key: RadixKey, *, split: bool) -> tuple:
+        """Follow ``key`` down the tree, touching each node used; returns (last node, tokens matched).
+        With ``split``, a partly matched uncompressed node is split and its upper part counts;
+        without, it is touched but not counted."""
+        tokens = _tokens(key.token_ids[: len(key)])
+        node, pos, now = self.root_node, 0, time.monotonic()
+        node.last_access_time = now
+        while pos < tokens.size:
+            best, best_len = None, 0
+            for child in node.children.get(self._child_key(key.extra_key, tokens[pos]), ()):
+                m = _common_prefix(child.tokens, tokens[pos:])
+                if child.compressed and m < child.tokens.size:
+                    continue
+                if m > best_len:
+                    best, best_len = child, m
+            if best is None:
+                break
+            best.last_access_time = now
+            if best_len < best.tokens.size:
+                if split:
+                    node, pos = self._split(best, best_len), pos + best_len
+                break
+            node, pos = best, pos + best_len
+        return node, pos
+
+    def _split(self, node: SegNode, n: int) -> SegNode:
+        """Split an uncompressed node after n tokens; returns the new upper node."""
+        part0, part1 = self.serving.cache.store.split(node.seg.seg_id, n)
+        upper = SegNode(tokens=node.tokens[:n], value=node.value[:n].clone(), seg=part0, extra_key=node.extra_key)
+        upper.lock_ref, upper.last_access_time, upper.priority = node.lock_ref, node.last_access_time, node.priority
+        parent = node.parent
+        self._remove_child(parent, node)
+        self._add_child(parent, upper)
+        node.tokens, node.value, node.seg = node.tokens[n:], node.value[n:].clone(), part1
+        node.key = RadixKey(token_ids=node.tokens.tolist(), extra_key=node.extra_key)
+        self._add_child(upper, node)
+        return upper
+
+    def chain(self, node: SegNode) -> list:
+        """Pool segments on the path root -> node, in order."""
+        segs = []
+        while node is not self.root_node:
+            segs.append(node.seg)
+            node = node.parent
+        return segs[::-1]
+
+    # -- insert ----------------------------------------------------------------------------------
+    def checkpoint(self, req, *, up_to: int, **kwargs):
+        """Publish the request's finished chunks (and, once finished, its generated tokens)."""
+        if self.disable:
+            return
+        where = self.serving.publication(req.rid)  # the serving state owns it; the tree reads and reports
+        if where is None:
+            return
+        parent, pos, detached = where
+        segs = self.serving.cache.publish(req.rid, include_tail=req.finished())
+        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+        fill = req.full_untruncated_fill_ids
+        for seg in segs:
+            end = pos + seg.num_tokens
+            if detached or end > up_to or seg.num_tokens == 0:
+                # Out of the tree, and so is every later segment of this request (its chain runs
+                # through this one): the pool ran ahead of what SGLang keeps (should not happen),
+                # or the request's history now continues a twin (below).
+                detached = True
+                self.serving.cache.evict(seg.seg_id)
+                continue
+            tokens = _tokens(fill[pos:end])
+            ids = row[pos:end].to(torch.int64)
+            twin = self._twin(parent, tokens, seg, req.extra_key)
+            if twin is not None:
+                # Same tokens after the same chain: keep the tree's copy, free ours (stock dedup).
+                # Our later segments start on pages holding OUR copy of this segment's tail slots;
+                # under the twin a reader would mix two requests' KV (equal only if compression is
+                # bit-deterministic, which batched GPU kernels are not): they are not published.
+                self.token_to_kv_pool_allocator.free(ids.clone())
+                self.req_to_token_pool.write((req.kv.req_pool_idx, slice(pos, end)), twin.value.to(row.dtype))
+                self.serving.cache.evict(seg.seg_id)
+                twin.last_access_time = time.monotonic()
+                parent, detached = twin, True
+            else:
+                node = SegNode(tokens=tokens, value=ids.clone(), seg=seg, extra_key=req.extra_key)
+                self._add_child(parent, node)
+                self.evictable_size_ += seg.num_tokens
+                self._update_leaf_status(parent)
+                self._update_leaf_status(node)
+                parent = node
+            pos = end
+        self.serving.published(req.rid, parent, pos, detached)
+        req.kv.cache_protected_len = pos
+        self.unlock(req.lock)
+        req.lock = self.lock(parent)
+        req.last_node = parent
+
+    def _twin(self, parent: SegNode, tokens: np.ndarray, seg, extra_key):
+        """A child holding the same tokens in the same slot layout (a chunk kept with another count,
+        e.g. once as a prompt's last chunk with its newest tokens protected, is not a twin)."""
+        for child in parent.children.get(self._child_key(extra_key, tokens[0]), ()):
+            if (child.compressed == seg.compressed and np.array_equal(child.tokens, tokens)
+                    and np.array_equal(child.seg.end_slots, seg.end_slots)):
+                return child
+        return None
+
+    def on_release(self, req, *, checkpointed: bool) -> None:
+        if not checkpointed and not req.finished():
+            self.serving.counters.retracted += 1  # decode ran out of pages: SGLang requeues it
+        self.serving.release(req.rid)
+
+    # -- eviction --------------------------------------------------------------------------------
+    def _evict_leaf(self, node: SegNode) -> int:
+        """Drop one unlocked leaf (its logical ids and its segment's page references); returns its tokens."""
+        self.token_to_kv_pool_allocator.free(node.value)
+        self.serving.cache.evict(node.seg.seg_id)
+        self.serving.counters.evicted_segments += 1
+        self._delete_leaf(node)
+        return len(node.tokens)
+
+    def evict(self, params: EvictParams) -> EvictResult:
+        if self.disable:
+            return EvictResult()
+        start, evicted = time.perf_counter(), 0
+        while evicted < params.num_tokens:
+            got = self._evict_one()
+            if got == 0:
+                break
+            evicted += got
+        self.update_eviction_metrics(evicted, start)
+        return EvictResult(num_tokens_evicted=evicted)
+
+    def _evict_one(self) -> int:
+        """Evict the lowest-priority evictable leaf (SGLang's eviction strategy, LRU by default).
+
+        A lazy heap: entries of nodes no longer evictable are dropped, and an entry whose
+        node's priority changed since (a new access) is pushed again with the new one, so
+        each eviction costs O(log leaves), not a scan of every leaf."""
+        while self._heap:
+            prio, nid, _, node = heapq.heappop(self._heap)
+            if node not in self.evictable_leaves:
+                continue
+            now = self.eviction_strategy.get_priority(node)
+            if now != prio:
+                heapq.heappush(self._heap, (now, nid, next(self._seq), node))
+                continue
+            return self._evict_leaf(node)
+        return 0
+
+    def evict_pages(self, pages: int) -> bool:
+        """Evict LRU leaves until the pool has ``pages`` more available pages; False if none left."""
+        pool = self.serving.cache.pool
+        goal = pool.available + pages
+        while pool.available < goal:
+            if self._evict_one() == 0:
+                return False
+        return True
+
+    def _delete_leaf(self, node):
+        self._remove_child(node.parent, node)
+        self.evictable_size_ -= len(node.tokens)
+        self.evictable_leaves.discard(node)
+        self._update_leaf_status(node.parent)
+
+    def _update_leaf_status(self, node):
+        if node is self.root_node or node.lock_ref > 0 or node.children:
+            self.evictable_leaves.discard(node)
+        elif node not in self.evictable_leaves:
+            self.evictable_leaves.add(node)
+            heapq.heappush(self._heap, (self.eviction_strategy.get_priority(node), node.id, next(self._seq), node))
+
+    # -- views -----------------------------------------------------------------------------------
+    def total_tokens(self) -> int:
+        return self.evictable_size_ + self.protected_size_
+
+    def _total_size_helper(self):
+        return sum(len(n.tokens) for n in self._nodes())
+
+    def all_values_flatten(self):
+        vals = [n.value for n in self._nodes()]
+        return torch.cat(vals) if vals else torch.zeros(0, dtype=torch.int64)
+
+    def _print_helper(self, node, indent: int):
+        stack = [(node, indent)]
+        while stack:
+            cur, ind = stack.pop()
+            kind = "root" if cur is self.root_node else ("chunk" if cur.compressed else "tail")
+            print(" " * ind, kind, len(cur.tokens), cur.tokens[:8].tolist(), f"r={cur.lock_ref}")
+            for kids in cur.children.values():
+                stack.extend((k, ind + 2) for k in kids)
+
+    def check_integrity(self) -> None:
+        """Every node's segment is alive and continues its parent's chain; sizes add up."""
+        store = self.serving.cache.store
+        V = self.serving.spec.num_virtual
+        total = protected = 0
+        for node in self._nodes():
+            seg = store.get(node.seg.seg_id)
+            if not (len(node.tokens) == node.value.numel() == seg.num_tokens):
+                raise AssertionError(f"node {node.id}: {len(node.tokens)} tokens, {node.value.numel()} ids, "
+                                     f"segment of {seg.num_tokens}")
+            start = node.parent.seg.end_slots if node.parent is not self.root_node else np.zeros(V, np.int64)
+            if not np.array_equal(seg.start_slots, start):
+                raise AssertionError(f"node {node.id}: segment does not continue its parent's chain")
+            if node.lock_ref < 0:
+                raise AssertionError(f"node {node.id}: negative lock_ref")
+            total += len(node.tokens)
+            protected += len(node.tokens) if node.lock_ref > 0 else 0
+        if total != self.evictable_size_ + self.protected_size_ or protected != self.protected_size_:
+            raise AssertionError(f"tree sizes: {total} tokens ({protected} locked) but evictable="
+                                 f"{self.evictable_size_} protected={self.protected_size_}")
+        tree_segs = {n.seg.seg_id for n in self._nodes()}
+        if tree_segs != set(store.segments):
+            raise AssertionError(f"segments outside the tree: {sorted(set(store.segments) - tree_segs)[:5]}")

@@ -1,0 +1,189 @@
+"""Admission by exact reservation, inside SGLang's PrefillAdder.
+
+SGLang decides which waiting requests join a prefill batch and how much of a
+long prompt goes into this pass (the chunked request always comes first with a
+full ``chunked_prefill_size``, later ones share what is left). Tangram's
+compression chunks follow those extends: a request's schedule is fixed at
+admission as [first extend, C, C, ..., rest] with C = chunked_prefill_size =
+the profile's chunk, and the ragged pool reserves exactly its pages (prefix
+shared, every chunk compressed, plus SGLang's estimated decode room). The
+first extend is never cut short to fill a pass: a request whose first chunk
+does not fit what is left of the pass waits for the next one, so the chunks
+of a prompt (and the KV kept for it) depend only on the prompt and its cached
+prefix, never on what SGLang batched with it. When
+the pages are not there even after evicting unlocked tree leaves, the
+request waits (NO_TOKEN), exactly like SGLang's token budget.
+"""
+
+from __future__ import annotations
+
+from sglang.srt.environ import envs
+from sglang.srt.managers.schedule_policy import (
+    CLIP_MAX_NEW_TOKENS,
+    WAITING_QUEUE_PREFIX_MATCH_MAX,
+    AddReqResult,
+    CacheAwarePolicy,
+    PrefillAdder,
+)
+from sglang.srt.mem_cache.common import touch_waiting_prefix
+from sglang.srt.mem_cache.evict_policy import LRUStrategy
+
+from tangram_sglang.pool.spec import RequestTooLargeError
+from tangram_sglang.serving.runtime import serving_of
+
+
+def _added(adder, req) -> bool:
+    return bool(adder.can_run_list) and adder.can_run_list[-1] is req
+
+
+class TangramPrefillAdder(PrefillAdder):
+    def add_one_req(self, req, has_chunked_req, truncation_align_size):
+        serving = serving_of(self.tree_cache)
+        total = len(req.full_untruncated_fill_ids) - req.prefix_len
+        if total <= 0:
+            # Nothing to prefill (SGLang always leaves one token; arrival refuses empty prompts).
+            # Never let a request into a batch without its reservation: fail it as SGLang fails
+            # bad input (one placeholder token), which admits below like any 1-token request.
+            req.set_finish_with_abort("Tangram: the request has no token to prefill")
+            req.init_next_round_input(self.tree_cache)
+            total = len(req.full_untruncated_fill_ids) - req.prefix_len
+        # The first chunk is never cut short by what else is in the pass (the kept set of a text must
+        # not depend on batching): a request whose first chunk does not fit waits for the next pass,
+        # where it comes first and has the whole chunk budget.
+        first = min(total, serving.chunk)
+        rem = self.rem_chunk_tokens
+        if rem is not None and rem < first:
+            return AddReqResult.OTHER
+        try:
+            ok = self._reserve(serving, req, first, total)
+            if not ok and req.prefix_len > 0 and not serving.requests:
+                # Nothing runs, so nothing will free pages: what keeps it out is its own cached
+                # prefix (pages shared with the tree force copies of their tails). Serve it as if
+                # the prefix were not cached: evict what the tree holds and match again.
+                self.tree_cache.evict_pages(serving.spec.num_pages)
+                req.init_next_round_input(self.tree_cache)
+                total = len(req.full_untruncated_fill_ids) - req.prefix_len
+                first = min(total, serving.chunk)
+                ok = self._reserve(serving, req, first, total)
+        except RequestTooLargeError as exc:
+            # Arrival already refuses prompts that never fit; a chunk schedule cut by batching can
+            # still tip one over. Fail it like SGLang fails bad input: it finishes with the error
+            # as a 1-token request next round, and the server keeps serving.
+            serving.counters.too_large += 1
+            req.set_finish_with_abort(f"Tangram: {exc}")
+            return AddReqResult.NO_TOKEN
+        if not ok:
+            return AddReqResult.NO_TOKEN
+        res = super().add_one_req(req, has_chunked_req, truncation_align_size)
+        if not _added(self, req):
+            serving.release(req.rid)
+            return res
+        if _hold_to_plan(req, first):
+            # Chunked or not is decided by the plan too.
+            if req.extend_end < len(req.full_untruncated_fill_ids):
+                self.new_chunked_req = req
+            elif self.new_chunked_req is req:
+                self.new_chunked_req = None
+        return res
+
+    def _reserve(self, serving, req, first: int, total: int) -> bool:
+        """serving.admit for req's schedule, its matched prefix locked against eviction for room."""
+        max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
+        tree = self.tree_cache
+        lock = tree.lock(req.last_node)
+        try:
+            return serving.admit(req.rid, prefix_chain=tree.chain(req.last_node), prefix_tokens=req.prefix_len,
+                                 node=req.last_node, first=first, total=total,
+                                 decode_tokens=int(max_new * self.new_token_ratio) + 1)
+        finally:
+            tree.unlock(lock)
+
+    def add_chunked_req(self, req):
+        out = super().add_chunked_req(req)
+        if _added(self, req) and _hold_to_plan(req, serving_of(self.tree_cache).planned_extend(req.rid)):
+            return req if req.extend_end < len(req.full_untruncated_fill_ids) else None
+        return out
+
+
+def _hold_to_plan(req, planned: int | None) -> bool:
+    """Make SGLang's extend of req the planned compression chunk; True if it had sized it otherwise
+    (page or alignment rounding, its token budget). The pages reserved are the plan's, and the
+    kept set must depend only on the prompt and its cached prefix, never on how a pass was sized."""
+    if planned is None or req.extend_end - req.prefix_len == planned:
+        return False
+    req.extend_end = req.prefix_len + planned
+    return True
+
+
+def prefill_adder_class(original, scheduler):
+    return TangramPrefillAdder if serving_of(scheduler.tree_cache) is not None else original(scheduler)
+
+
+def bind_rows(result, batch, *args, **kwargs):
+    """AFTER ScheduleBatch.prepare_for_extend: remember which req_to_token row each request got."""
+    serving = serving_of(batch.tree_cache)
+    if serving is not None:
+        for req in batch.reqs:
+            serving.bind_row(req.rid, req.kv.req_pool_idx)
+    return result
+
+
+def refuse_never_fitting(scheduler, req, *args, **kwargs):
+    """BEFORE Scheduler._add_request_to_queue: a prompt the pool can never hold fails now, clearly."""
+    serving = serving_of(scheduler.tree_cache)
+    if serving is None or req.finished():
+        return
+    why = serving.never_fits(len(req.origin_input_ids))
+    if why is not None:
+        serving.counters.too_large += 1
+        req.set_finish_with_abort(why)
+
+
+def refuse_beam_search(original, coordinator, req, recv_req):
+    """AROUND BeamCoordinator.validate_and_init (SGLang's own beam refusals, answered with HTTP 400):
+    beams fork their prefix KV through SGLang's token-pool rows and write several rows per request in
+    one decode step, which the ragged pool (one page table per request) does not hold."""
+    if serving_of(coordinator.tree_cache) is not None:
+        return ("Beam search (beam_width > 1) is not supported with --tangram-profile: beams fork their "
+                "KV through SGLang's token-pool rows, which the ragged KV pool does not hold")
+    return original(coordinator, req, recv_req)
+
+
+def touch_waiting_histories(original, policy, active, waiting_queue):
+    """AROUND SchedulePolicy._touch_waiting_prefixes (fcfs-like policies, LRU eviction): SGLang
+    touches the waiting requests' cached prefixes, head of the queue last, on one scheduling pass
+    in 32; Tangram does it on every pass where the queue changed (its head, within a token budget
+    per pass). A session's next turn is queued moments after its history became the tree's newest
+    entry, and admitting the turns ahead of it evicts least recently used leaves first: without
+    the touch those are the histories of the turns that run next, so a pool holding most sessions'
+    histories reuses few of them. The touch walks the tree only (no split, no allocation): it
+    changes which histories survive pressure, never what is computed from a history found."""
+    tree = policy.tree_cache
+    if (serving_of(tree) is None or isinstance(active, CacheAwarePolicy) or not waiting_queue
+            or not envs.SGLANG_ENABLE_WAITING_PREFIX_REFRESH.get()
+            or not isinstance(tree.eviction_strategy, LRUStrategy)):
+        return original(policy, active, waiting_queue)
+    head = _touch_head(waiting_queue)
+    order = tuple(r.rid for r in head)
+    if order == getattr(policy, "tangram_touched", None):
+        return None
+    policy.tangram_touched = order
+    for req in reversed(head):
+        touch_waiting_prefix(req, tree)
+    return None
+
+
+# A touch walks each request's whole key (~20 ns a token): this bounds one pass's walk (~5 ms).
+TOUCH_TOKENS_PER_PASS = 1 << 18
+
+
+def _touch_head(waiting_queue) -> list:
+    """The head of the queue whose keys fit TOUCH_TOKENS_PER_PASS (at least one request): the rest
+    stay untouched, older than any touched history, so they lose theirs first, as the queue's tail."""
+    head, tokens = [], 0
+    for req in waiting_queue[:WAITING_QUEUE_PREFIX_MATCH_MAX]:
+        tokens += len(req.origin_input_ids) + len(req.output_ids)
+        if head and tokens > TOUCH_TOKENS_PER_PASS:
+            break
+        head.append(req)
+    return head

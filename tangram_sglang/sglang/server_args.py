@@ -1,0 +1,167 @@
+"""--tangram-profile / --tangram-ratio on SGLang's ServerArgs (CLI and Engine).
+
+ServerArgs is a sealed msgspec record: unknown fields are refused, but
+underscore-prefixed bookkeeping attributes ride along through pickling into
+the spawned scheduler processes. The chosen profile travels as
+``server_args._tangram_profile`` (path) and ``_tangram_ratio`` (float or None).
+The profile is validated (and checked against a local model folder) here, in
+the launching process, so a bad profile stops the launch before any process
+is spawned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from tangram_sglang.profile import ModelShape, ProfileError, load_profile
+from tangram_sglang.scorers.profile_scorer import check_scorer_weights
+from tangram_sglang.sglang.compatibility import check_server_args, check_tensor_parallel
+
+logger = logging.getLogger("tangram_sglang")
+
+PROFILE_ATTR = "_tangram_profile"
+RATIO_ATTR = "_tangram_ratio"
+DATA_PLANE_ATTR = "_tangram_data_plane"
+DATA_PLANES = ("auto", "torch", "triton", "cuda")
+
+
+def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> None:
+    """AFTER hook on ServerArgs.add_cli_args."""
+    group = parser.add_argument_group("Tangram (non-uniform KV cache compression)")
+    group.add_argument("--tangram-profile", type=str, default=None, metavar="PATH",
+                       help="Tangram profile (YAML, format tangram-profile v1) for the served model.")
+    group.add_argument("--tangram-ratio", type=float, default=None, metavar="RHO",
+                       help="Which target ratio of the profile to serve (default: the profile's default_ratio).")
+    group.add_argument("--tangram-data-plane", choices=DATA_PLANES, default="auto",
+                       help="Attention kernels: auto (Triton on CUDA, the torch data plane elsewhere), "
+                            "torch (the reference), triton (on CPU only under TRITON_INTERPRET=1, for tests), "
+                            "cuda (the CUDA decode kernel, compiled at start, with the Triton prefill).")
+
+
+def serving_overrides(profile_path: str | None, data_plane: str | None = "auto", device: str | None = None) -> dict:
+    """ServerArgs fields a served profile needs: the Tangram backend and tree, logical page 1,
+    chunked prefill in the profile's compression chunks, no prefill CUDA graphs (compression
+    plans on the host per chunk), and decode CUDA graphs only where they can run: on CUDA with
+    the Triton data plane (decode_graphs_possible). Overlap scheduling stays as SGLang sets it: a
+    request that finished in step t runs once more in step t+1 (its KV slot reserved by the
+    capacity check like any other) and is released after, so the pool and the tree see what
+    they see without it."""
+    if profile_path is None:
+        return {}
+    from tangram_sglang.serving.runtime import chunk_size_of
+
+    profile = load_profile(os.path.abspath(os.path.expanduser(profile_path)))
+    out = {"attention_backend": "tangram", "radix_cache_backend": "tangram", "page_size": 1,
+           "chunked_prefill_size": chunk_size_of(profile), "disable_prefill_cuda_graph": True,
+           "enable_mixed_chunk": False}
+    if not decode_graphs_possible(data_plane, device):
+        out["disable_cuda_graph"] = True
+    return out
+
+
+def decode_graphs_possible(data_plane: str | None, device: str | None) -> bool:
+    """Decode CUDA graphs need a CUDA device (None: SGLang picks CUDA when torch sees one) and
+    the kernels (triton or cuda data plane; the torch one syncs with the host inside attention)."""
+    if (data_plane or "auto") == "torch":
+        return False
+    if device is None:
+        import torch
+
+        return torch.cuda.is_available()
+    return str(device).startswith("cuda")
+
+
+def _apply_overrides(target: dict, overrides: dict) -> None:
+    for name, value in overrides.items():
+        old = target.get(name)
+        if old not in (None, False, value) and name in ("attention_backend", "radix_cache_backend"):
+            logger.warning("Tangram: --%s %s replaced by %s (a profile is served)", name.replace("_", "-"), old, value)
+        target[name] = value
+
+
+def attach_profile(server_args, profile_path: str | None, ratio: float | None,
+                   data_plane: str | None = "auto") -> None:
+    """Validate the profile (and the model when its folder is local) and record it on server_args.
+
+    Raises ProfileError naming the field and the problem.
+    """
+    data_plane = data_plane or "auto"
+    if data_plane not in DATA_PLANES:
+        raise ProfileError("tangram_data_plane", f"{data_plane!r} is not one of {', '.join(DATA_PLANES)}")
+    if profile_path is None:
+        if ratio is not None:
+            raise ProfileError("tangram_ratio", "given without --tangram-profile")
+        if data_plane != "auto":
+            raise ProfileError("tangram_data_plane", "given without --tangram-profile")
+        return
+    path = os.path.abspath(os.path.expanduser(profile_path))
+    profile = load_profile(path)
+    profile.select(ratio)
+    check_scorer_weights(profile, path)
+    model_path = getattr(server_args, "model_path", None)
+    if model_path and os.path.isfile(os.path.join(model_path, "config.json")):
+        profile.check_model(ModelShape.from_model_path(model_path))
+    check_server_args(server_args)
+    check_tensor_parallel(server_args, profile)
+    _check_data_plane(server_args, data_plane)
+    # Bookkeeping attributes (leading underscore) are allowed on the sealed record.
+    setattr(server_args, PROFILE_ATTR, path)
+    setattr(server_args, RATIO_ATTR, ratio)
+    setattr(server_args, DATA_PLANE_ATTR, data_plane)
+
+
+def _check_data_plane(server_args, data_plane: str) -> None:
+    """A data plane this device cannot run stops the launch here, not in the scheduler process."""
+    from tangram_sglang.serving.data_plane import DataPlaneError, choose_data_plane
+
+    device = getattr(server_args, "device", None) or "cpu"
+    if data_plane == "auto" or not str(device).startswith(("cpu", "cuda")):
+        return
+    try:
+        choose_data_plane(data_plane, device)
+    except DataPlaneError as exc:
+        raise ProfileError("tangram_data_plane", str(exc)) from None
+
+
+def from_cli_args(original, cls, args: argparse.Namespace):
+    """AROUND hook on ServerArgs.from_cli_args: a bad profile ends the launch with its error."""
+    try:
+        _apply_overrides(vars(args), serving_overrides(getattr(args, "tangram_profile", None),
+                                                       getattr(args, "tangram_data_plane", "auto"),
+                                                       getattr(args, "device", None)))
+        server_args = original(cls, args)
+        attach_profile(server_args, getattr(args, "tangram_profile", None), getattr(args, "tangram_ratio", None),
+                       getattr(args, "tangram_data_plane", "auto"))
+    except ProfileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return server_args
+
+
+def engine_server_args_factory(server_args_cls):
+    """A stand-in for Engine.server_args_class that accepts tangram_profile= and tangram_ratio=."""
+
+    def build(**kwargs):
+        profile = kwargs.pop("tangram_profile", None)
+        ratio = kwargs.pop("tangram_ratio", None)
+        data_plane = kwargs.pop("tangram_data_plane", "auto")
+        _apply_overrides(kwargs, serving_overrides(profile, data_plane, kwargs.get("device")))
+        server_args = server_args_cls(**kwargs)
+        attach_profile(server_args, profile, ratio, data_plane)
+        return server_args
+
+    build.tangram_wrapped = server_args_cls
+    return build
+
+
+def data_plane_request(server_args) -> str:
+    """--tangram-data-plane recorded on a ServerArgs (auto when none)."""
+    return getattr(server_args, DATA_PLANE_ATTR, None) or "auto"
+
+
+def profile_request(server_args) -> tuple[str | None, float | None]:
+    """(profile path, ratio) recorded on a ServerArgs, in any process."""
+    return getattr(server_args, PROFILE_ATTR, None), getattr(server_args, RATIO_ATTR, None)

@@ -1,0 +1,439 @@
+"""Soak of the serving control plane without a model: TangramServing + TangramRadixCache + the
+logical-id allocator, driven the way SGLang drives them (match, admit, chunk by chunk with a
+checkpoint after each, decode with capacity checks and retraction, finish into the tree, abort,
+evict). Integrity (pool, tree, logical ids) is checked after every operation, and a flush at the
+end must return every page.
+"""
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from transformers import LlamaConfig
+
+from tangram_sglang.method.protection import Protection
+from tangram_sglang.serving.runtime import TangramServing
+from tangram_sglang.sglang.memory import TangramAllocator
+from tangram_sglang.sglang.radix import TangramRadixCache
+
+PROFILE = __import__("pathlib").Path(__file__).resolve().parents[2] / "configs" / "smollm2-snapkv.yaml"
+MAX_LEN = 400
+
+
+class Row:
+    """ReqToTokenPool stand-in: the row tensor and the write() SGLang's tree calls."""
+
+    def __init__(self, rows: int):
+        self.req_to_token = torch.zeros((rows, MAX_LEN), dtype=torch.int32)
+
+    def write(self, index, values):
+        self.req_to_token[index] = values
+
+
+def assert_plan_matches_host(serving, rid, plan, lens):
+    """The device tables of a one-request plan hold the host pool's pages up to lens (int [V])."""
+    pages = serving.cache.requests[rid].pages
+    P = pages.page_size
+    sl = plan.seq_lens.permute(1, 0, 2).reshape(-1).numpy()
+    assert np.array_equal(sl, lens)
+    table = plan.block_table if plan.rows is None else plan.block_table[:, plan.rows]
+    table = table.permute(1, 0, 2, 3).reshape(pages.num_virtual, -1).numpy()
+    used = -(-np.asarray(lens) // P)
+    for v in range(pages.num_virtual):
+        assert np.array_equal(table[v, : used[v]], pages.pages[v, : used[v]])
+
+
+class FakeReq:
+    def __init__(self, rid, row, prompt):
+        self.rid, self.prompt, self.output = rid, list(prompt), []
+        self.kv = SimpleNamespace(req_pool_idx=row, cache_protected_len=0)
+        self.extra_key, self.lock, self.last_node, self.done = None, None, None, False
+        self.kv_len = 0  # tokens whose KV exists
+
+    def finished(self):
+        return self.done
+
+    @property
+    def full_untruncated_fill_ids(self):
+        return self.prompt + self.output
+
+
+def build(stock_tokens=700, chunk=24, seed=0):
+    serving = TangramServing.load(str(PROFILE), 0.25)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
+                      num_hidden_layers=30, intermediate_size=64, architectures=["LlamaForCausalLM"])
+    logical = serving.build_pool(cfg, stock_tokens=stock_tokens, dtype=torch.float32, device="cpu",
+                                 page_size=16, num_q_heads=9)
+    serving.chunk = chunk
+    serving.protection = Protection(sinks=2, newest=6)  # to scale with the 24-token chunks
+    rows = Row(64)
+    alloc = TangramAllocator(logical, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
+    tree = TangramRadixCache(CacheInitParams(disable=False, req_to_token_pool=rows,
+                                             token_to_kv_pool_allocator=alloc, page_size=1), serving)
+    return serving, tree, alloc, rows
+
+
+class Driver:
+    def __init__(self, seed):
+        self.rng = random.Random(seed)
+        self.serving, self.tree, self.alloc, self.rows = build()
+        self.free_rows = list(range(1, 64))
+        self.running: dict[str, FakeReq] = {}
+        self.sessions: list[list[int]] = [[] for _ in range(6)]
+        self.count = 0
+        self.stats = {"admitted": 0, "waited": 0, "finished": 0, "aborted": 0, "retracted": 0, "reused": 0}
+
+    # -- SGLang's flows ---------------------------------------------------------------------------
+    def new_request(self):
+        s = self.rng.randrange(len(self.sessions))
+        prompt = self.sessions[s] + [self.rng.randrange(8) for _ in range(self.rng.randint(1, 60))]
+        if len(prompt) + 40 > MAX_LEN or not self.free_rows:
+            self.sessions[s] = []
+            return
+        self.count += 1
+        req = FakeReq(f"r{self.count}", self.free_rows.pop(), prompt)
+        req.session = s
+        m = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=prompt, extra_key=None)))
+        node, prefix = m.last_device_node, m.device_prefix_len
+        self.stats["reused"] += prefix
+        lock = self.tree.lock(node)
+        ok = self.serving.admit(req.rid, prefix_chain=self.tree.chain(node), prefix_tokens=prefix, node=node,
+                                first=min(len(prompt) - prefix, self.serving.chunk), total=len(prompt) - prefix,
+                                decode_tokens=self.rng.randint(1, 8))
+        if not ok:
+            self.tree.unlock(lock)
+            self.free_rows.append(req.kv.req_pool_idx)
+            self.stats["waited"] += 1
+            return
+        req.lock, req.last_node = lock, node
+        row = self.rows.req_to_token[req.kv.req_pool_idx]
+        row[:prefix] = self.tree.path_device_indices(node)[:prefix].to(torch.int32)
+        row[prefix:len(prompt)] = self.alloc.alloc(len(prompt) - prefix).to(torch.int32)
+        req.kv.cache_protected_len = req.kv_len = prefix
+        self.serving.bind_row(req.rid, req.kv.req_pool_idx)
+        self.running[req.rid] = req
+        self.stats["admitted"] += 1
+
+    def step(self, req):
+        pool_req = self.serving.cache.requests[req.rid]
+        if not pool_req.prefill_done:
+            n = pool_req.plan.chunk_tokens[len(pool_req.chunk_ends)]
+            before = pool_req.pages.lens.copy()
+            plan = self.serving.extend_metadata([req.rid], [n])
+            assert_plan_matches_host(self.serving, req.rid, plan, before)
+            req.kv_len += n
+            if pool_req.prefill_done:
+                req.output.append(self.rng.randrange(8))  # sampled after the last chunk
+            else:
+                self.tree.checkpoint(req, up_to=req.kv_len)  # Scheduler.stash_chunked_request
+            return
+        if not self.serving.ensure_decode_room([req.rid]):
+            self.release(req, checkpoint=False)
+            self.stats["retracted"] += 1
+            return
+        ids = self.alloc.alloc(1)
+        self.rows.req_to_token[req.kv.req_pool_idx, req.kv_len] = ids.to(torch.int32)
+        plan = self.serving.decode_metadata([req.rid])
+        pages = pool_req.pages
+        assert_plan_matches_host(self.serving, req.rid, plan, pages.lens)
+        slot, P = pages.lens - 1, pages.page_size
+        host_loc = pages.pages[np.arange(slot.size), slot // P].astype(np.int64) * P + slot % P
+        assert np.array_equal(torch.stack(plan.out_loc).numpy().reshape(-1), host_loc)
+        req.kv_len += 1
+        req.output.append(self.rng.randrange(8))
+
+    def release(self, req, *, checkpoint):
+        """release_kv_cache: checkpoint into the tree, free the row's own ids, unlock, drop the request."""
+        if checkpoint:
+            req.done = True
+            self.tree.checkpoint(req, up_to=req.kv_len)
+            self.sessions[req.session] = req.full_untruncated_fill_ids[: req.kv_len]
+        row = self.rows.req_to_token[req.kv.req_pool_idx]
+        self.alloc.free(row[req.kv.cache_protected_len: max(req.kv_len, len(req.prompt))].to(torch.int64))
+        self.tree.unlock(req.lock)
+        self.tree.on_release(req, checkpointed=checkpoint)
+        self.free_rows.append(req.kv.req_pool_idx)
+        del self.running[req.rid]
+
+    # -- checks -----------------------------------------------------------------------------------
+    def check(self):
+        self.serving.check_integrity()
+        own = sum(max(r.kv_len, len(r.prompt)) - r.kv.cache_protected_len for r in self.running.values())
+        assert self.alloc.available_size() + self.tree.total_tokens() + own == self.alloc.size
+        assert set(self.serving.requests) == set(self.running)
+
+    def run(self, ops):
+        for _ in range(ops):
+            x = self.rng.random()
+            if x < 0.25 or not self.running:
+                self.new_request()
+            else:
+                req = self.rng.choice(list(self.running.values()))
+                done = self.serving.cache.requests[req.rid].prefill_done
+                if x < 0.80:
+                    self.step(req)
+                elif x < 0.92 and done and req.kv_len > len(req.prompt):
+                    self.release(req, checkpoint=True)
+                    self.stats["finished"] += 1
+                elif x < 0.96:
+                    self.release(req, checkpoint=False)
+                    self.stats["aborted"] += 1
+                else:
+                    self.tree.evict(EvictParams(num_tokens=self.rng.randint(1, 80)))
+            self.check()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_serving_soak_integrity_and_full_release(seed):
+    d = Driver(seed)
+    d.run(1500)
+    assert d.stats["finished"] > 20 and d.stats["reused"] > 0 and d.serving.counters.evicted_segments > 0
+    assert d.stats["waited"] > 0 and d.stats["retracted"] > 0  # the pool ran full: waits and retractions
+    for req in list(d.running.values()):
+        d.release(req, checkpoint=False)
+        d.check()
+    d.check()
+    assert d.alloc.available_size() + d.tree.total_tokens() == d.alloc.size
+    d.tree.reset()  # Scheduler.flush_cache: tree reset, then the allocator is cleared
+    d.alloc.clear()
+    d.check()
+    assert d.serving.cache.pool.num_free == d.serving.spec.num_pages and not d.serving.cache.store.segments
+    assert d.tree.total_tokens() == 0 and d.alloc.available_size() == d.alloc.size
+
+
+def test_turn_two_reuses_turn_one_prompt_and_output():
+    d = Driver(3)
+    d.sessions = [[]]
+    d.rng = random.Random(5)
+    d.new_request()
+    (req,) = d.running.values()
+    while not d.serving.cache.requests[req.rid].prefill_done or req.kv_len < len(req.prompt) + 5:
+        d.step(req)
+    d.release(req, checkpoint=True)
+    history = req.full_untruncated_fill_ids[: req.kv_len]
+    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=history + [1, 2, 3], extra_key=None)))
+    assert m.device_prefix_len == len(history)
+    # a match that would end inside a compressed chunk stops at the chunk's start
+    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=req.prompt[:5] + [99], extra_key=None)))
+    assert m.device_prefix_len == 0
+    d.check()
+
+
+def test_shortened_chunk_is_held_to_the_plan():
+    """SGLang may size a chunked request's next extend otherwise (rounding, its token budget): the
+    adder makes it the planned compression chunk, so the kept set never depends on batching."""
+    from tangram_sglang.sglang.scheduling import _hold_to_plan
+
+    d = Driver(4)
+    d.sessions = [[3] * 60]  # prompt >= 61 tokens: at least 3 chunks of 24
+    d.new_request()
+    (req,) = d.running.values()
+    d.step(req)  # first chunk, checkpointed into the tree
+    planned = d.serving.cache.requests[req.rid].plan.chunk_tokens
+    assert len(planned) >= 3 and d.serving.planned_extend(req.rid) == planned[1]
+    req.prefix_len = req.kv_len
+    req.extend_end = req.prefix_len + 7  # what SGLang chose
+    assert _hold_to_plan(req, d.serving.planned_extend(req.rid))
+    assert req.extend_end - req.prefix_len == planned[1]
+    assert not _hold_to_plan(req, d.serving.planned_extend(req.rid))  # already the plan: untouched
+    while not d.serving.cache.requests[req.rid].prefill_done or req.kv_len < len(req.prompt) + 3:
+        d.step(req)
+        d.check()
+    assert d.serving.planned_extend(req.rid) is None
+    assert d.serving.requests[req.rid].scorer_states == []  # freed with the last chunk's plan
+    d.release(req, checkpoint=True)
+    d.check()
+
+
+def test_decode_estimate_larger_than_the_pool_is_capped_not_fatal():
+    """SGLang's decode estimate (max_new_tokens x ratio) may exceed the whole pool: the request is
+    admitted with one decode token reserved; a prefill that can never fit still raises."""
+    from tangram_sglang.pool.spec import RequestTooLargeError
+
+    serving, tree, _, _ = build()
+    root = tree.root_node
+    assert serving.admit("big-decode", prefix_chain=[], prefix_tokens=0, node=root, first=24, total=100,
+                         decode_tokens=10**7)
+    assert serving.cache.requests["big-decode"].plan.decode_tokens == 1
+    serving.release("big-decode")
+    with pytest.raises(RequestTooLargeError):
+        serving.admit("huge", prefix_chain=[], prefix_tokens=0, node=root, first=24, total=10**6,
+                      decode_tokens=1)
+    serving.check_integrity()
+    assert serving.cache.pool.num_free == serving.spec.num_pages and not serving.requests
+
+
+def _finish_sessions(d, n):
+    """n one-turn sessions finished into the tree, oldest first; returns their histories."""
+    finished = []
+    for s in range(n):
+        d.rng = random.Random(10 + s)
+        d.sessions = [[s + 1] * 30]
+        d.new_request()
+        (req,) = d.running.values()
+        while not d.serving.cache.requests[req.rid].prefill_done or req.kv_len < len(req.prompt) + 2:
+            d.step(req)
+        d.release(req, checkpoint=True)
+        finished.append(req.full_untruncated_fill_ids[: req.kv_len])
+    return finished
+
+
+def _hits(d, histories):
+    return [d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=h + [7], extra_key=None))).device_prefix_len
+            for h in histories]
+
+
+def test_eviction_takes_the_least_recently_used_leaf_first():
+    """The lazy heap evicts by SGLang's strategy (LRU): a session matched again outlives older ones."""
+    d = Driver(6)
+    finished = _finish_sessions(d, 3)
+    # touch the oldest session again: it becomes the most recently used
+    d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=finished[0] + [7], extra_key=None)))
+    before = d.serving.counters.evicted_segments
+    d.tree.evict(EvictParams(num_tokens=1))
+    assert d.serving.counters.evicted_segments == before + 1
+    hits = _hits(d, finished)
+    assert hits[0] == len(finished[0]) and hits[2] == len(finished[2])  # the second one lost its tail
+    assert hits[1] < len(finished[1])
+    d.check()
+
+
+def test_twin_keeps_the_tree_copy_and_publishes_nothing_after_it():
+    """Two identical prompts prefilled side by side: the second's prompt segment is a twin of the
+    first's. Its later segments start on pages holding its own copy of the twin's tail slots, so
+    they stay out of the tree (a reader would otherwise mix two requests' KV)."""
+    d = Driver(6)
+    prompt = [5, 1, 4] * 6  # 18 tokens: one chunk
+    reqs = []
+    for rid, row in (("A", 1), ("B", 2)):
+        req = FakeReq(rid, row, prompt)
+        req.session, req.last_node, req.lock = 0, d.tree.root_node, d.tree.lock(d.tree.root_node)
+        assert d.serving.admit(rid, prefix_chain=[], prefix_tokens=0, node=d.tree.root_node, first=18, total=18,
+                               decode_tokens=4)
+        d.rows.req_to_token[row, :18] = d.alloc.alloc(18).to(torch.int32)
+        d.serving.bind_row(rid, row)
+        d.running[rid] = req
+        reqs.append(req)
+    for req in reqs:
+        d.step(req)  # the prompt, then three decode steps
+        for _ in range(3):
+            d.step(req)
+        d.check()
+    a, b = reqs
+    b.output = [7, 7, 7, 7]  # B answered otherwise
+    d.release(a, checkpoint=True)
+    d.check()
+    held = d.serving.cache.usage().held_by_tree
+    d.release(b, checkpoint=True)
+    d.check()
+    assert d.serving.cache.usage().held_by_tree == held  # B added nothing: twin prompt, output detached
+    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=prompt + b.output + [0], extra_key=None)))
+    assert m.device_prefix_len == len(prompt)
+    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=prompt + a.output + [0], extra_key=None)))
+    assert m.device_prefix_len == len(prompt) + 3  # A's own history, whole (the last token has no KV)
+
+
+def test_decode_step_evicts_when_the_tree_grew_after_the_capacity_check():
+    """SGLang checks decode room before a step; if the tree took pages since, the step evicts
+    unlocked leaves itself instead of raising in the scheduler."""
+    d = Driver(8)
+    d.sessions = [[]]
+    d.new_request()
+    (a,) = d.running.values()
+    while not d.serving.cache.requests[a.rid].prefill_done:
+        d.step(a)
+    rng, n = random.Random(3), 0
+    while d.serving.cache.pool.available > 0:  # finished requests fill the tree
+        d.sessions = [[rng.randrange(8) for _ in range(30)]]
+        before = set(d.running)
+        d.new_request()
+        new = [d.running[r] for r in set(d.running) - before]
+        if not new:
+            break
+        (b,) = new
+        while not d.serving.cache.requests[b.rid].prefill_done:
+            d.step(b)
+        d.release(b, checkpoint=True)
+        n += 1
+    assert n > 0 and d.serving.cache.usage().held_by_tree > 0
+    evicted = d.serving.counters.evicted_segments
+    for _ in range(40):  # a.'s reservation runs out: new pages must come from the tree
+        ids = d.alloc.alloc(1)
+        d.rows.req_to_token[a.kv.req_pool_idx, a.kv_len] = ids.to(torch.int32)
+        d.serving.decode_metadata([a.rid])
+        a.kv_len += 1
+        d.check()
+    assert d.serving.counters.evicted_segments > evicted
+
+
+def test_touch_prefix_bumps_recency_without_splitting():
+    """touch_prefix (SGLang's waiting-prefix refresh) makes a history the most recently used, and a
+    key ending inside an uncompressed node touches it whole, splitting nothing."""
+    d = Driver(6)
+    finished = _finish_sessions(d, 3)
+    nodes = sum(1 for _ in d.tree._nodes())
+    d.tree.touch_prefix(RadixKey(token_ids=finished[0][:-1], extra_key=None))  # ends inside the output
+    assert sum(1 for _ in d.tree._nodes()) == nodes
+    d.tree.evict(EvictParams(num_tokens=1))
+    hits = _hits(d, finished)
+    assert hits[0] == len(finished[0]) and hits[2] == len(finished[2]) and hits[1] < len(finished[1])
+    d.check()
+
+
+def _eviction_order(d):
+    """Evict the whole tree leaf by leaf; the session (its prompt's first token - 1) of each leaf."""
+    order, evict_leaf = [], d.tree._evict_leaf
+
+    def spy(node):
+        top = node
+        while top.parent is not d.tree.root_node:
+            top = top.parent
+        order.append(int(top.tokens[0]) - 1)
+        return evict_leaf(node)
+
+    d.tree._evict_leaf = spy
+    d.tree.evict(EvictParams(num_tokens=10**6))
+    d.check()
+    return [s for i, s in enumerate(order) if s not in order[:i]]
+
+
+def test_waiting_queue_touch_evicts_the_turn_queued_last_first():
+    """The scheduler hook touches the waiting turns' histories head last, on every pass where the
+    queue changed: under pressure the history nobody waits for goes first, then the queue's tail;
+    the head's history, finished first and so least recently used, goes last."""
+    from sglang.srt.managers.schedule_policy import CacheAgnosticPolicy, CacheAwarePolicy
+
+    from tangram_sglang.sglang.scheduling import touch_waiting_histories
+
+    d = Driver(6)
+    finished = _finish_sessions(d, 3)
+    assert _eviction_order(Driver(6)) == [] and len(finished) == 3
+    queue = [SimpleNamespace(rid=f"w{i}", origin_input_ids=finished[i] + [7], output_ids=[], extra_key=None,
+                             cache_salt=None) for i in (0, 1)]   # session 2's next turn is not queued
+    policy, stock = SimpleNamespace(tree_cache=d.tree), []
+    touch_waiting_histories(lambda *a: stock.append(a), policy, CacheAgnosticPolicy.FCFS, queue)
+    assert not stock and policy.tangram_touched == ("w0", "w1")  # a Tangram tree: touched on this pass
+    touch_waiting_histories(lambda *a: stock.append(a), policy, CacheAwarePolicy.LPM, queue)
+    assert len(stock) == 1  # cache-aware policies touch while matching: SGLang's own path
+    assert _eviction_order(d) == [2, 1, 0]
+
+    d = Driver(6)
+    finished = _finish_sessions(d, 3)
+    assert _eviction_order(d) == [0, 1, 2]  # plain LRU, no queue: oldest first
+
+
+def test_touch_is_bounded_by_tokens_per_pass(monkeypatch):
+    """Only the queue's head within the token budget is touched (the rest, untouched, are older and
+    lose their histories first, as the tail); the first request always is."""
+    from tangram_sglang.sglang import scheduling
+
+    queue = [SimpleNamespace(rid=f"w{i}", origin_input_ids=[1] * 100, output_ids=[2] * 20) for i in range(5)]
+    monkeypatch.setattr(scheduling, "TOUCH_TOKENS_PER_PASS", 250)
+    assert [r.rid for r in scheduling._touch_head(queue)] == ["w0", "w1"]
+    monkeypatch.setattr(scheduling, "TOUCH_TOKENS_PER_PASS", 10)
+    assert [r.rid for r in scheduling._touch_head(queue)] == ["w0"]

@@ -1,0 +1,90 @@
+"""SGLang options a profile cannot be served with are refused at launch with one line naming the option."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import sglang.srt.entrypoints.engine  # noqa: F401 - before load_plugins: the plugin patches Engine
+from sglang.srt.plugins import load_plugins
+from sglang.srt.server_args import prepare_server_args
+
+from tangram_sglang.profile.uniform import main as write_uniform
+from tangram_sglang.sglang.compatibility import UnsupportedOption, check_server_args, fused_set_kv_architectures
+
+load_plugins()
+
+
+@pytest.fixture
+def profile(tiny_llama, tmp_path):
+    path = tmp_path / "u.yaml"
+    write_uniform(["--model-path", tiny_llama[0], "--ratio", "1.0", "-o", str(path)])
+    return str(path)
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--tp-size", "3"], "profile's groups were made for TP=1; --tp-size 3 cannot shard the model's 2 KV heads"),
+    (["--dp-size", "2"], "--dp-size 2"),
+    (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM"),
+    (["--enable-hierarchical-cache"], "--enable-hierarchical-cache: not supported"),
+    (["--disaggregation-mode", "prefill"], "--disaggregation-mode prefill"),
+    (["--enable-streaming-session"], "--enable-streaming-session"),
+    (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
+    (["--enable-torch-compile"], "--enable-torch-compile"),
+    (["--cuda-graph-backend-decode", "breakable"], "--cuda-graph-backend-decode breakable"),
+    (["--cuda-graph-backend-prefill", "full"], "--cuda-graph-backend-prefill full"),
+])
+def test_unsupported_option_stops_the_launch(tiny_llama, profile, capsys, extra, named):
+    with pytest.raises(SystemExit) as info:
+        prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile, *extra])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0]
+
+
+def test_kvzip_profile_with_tensor_parallelism_is_refused(tiny_llama, tmp_path, capsys):
+    import dataclasses
+
+    from tangram_sglang.profile import load_profile
+
+    write_uniform(["--model-path", tiny_llama[0], "--ratio", "1.0", "-o", str(tmp_path / "u.yaml")])
+    prof = load_profile(str(tmp_path / "u.yaml"))
+    meta = dataclasses.replace(prof.calibration, method="kvzip", scorer_args={"prefix_ids": [1, 2, 3]})
+    dataclasses.replace(prof, calibration=meta).save(str(tmp_path / "k.yaml"))
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", str(tmp_path / "k.yaml"),
+                             "--tp-size", "2"])
+    assert "--tp-size 2: not supported with --tangram-profile (a KVzip profile" in capsys.readouterr().err
+
+
+def test_same_options_without_a_profile_are_sglangs_business(tiny_llama):
+    args = prepare_server_args(["--model-path", tiny_llama[0], "--kv-cache-dtype", "fp8_e4m3"])
+    assert args.kv_cache_dtype == "fp8_e4m3"
+
+
+def test_models_writing_their_own_kv_are_refused_on_a_gpu(tmp_path):
+    arch = "Qwen3MoeForCausalLM"
+    assert arch in fused_set_kv_architectures() and "LlamaForCausalLM" not in fused_set_kv_architectures()
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    with pytest.raises(UnsupportedOption, match=f"model {arch} on cuda.*fused set-KV"):
+        check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cuda"))
+    check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cpu"))  # torch path: K/V reach the backend
+
+
+def test_mixed_chunked_prefill_is_refused():
+    """SGLang turns --enable-mixed-chunk off itself for the Tangram backend on CPU; wherever it would
+    stay on, decode tokens would enter an extend batch outside the chunk schedule: refused."""
+    with pytest.raises(UnsupportedOption, match="--enable-mixed-chunk: not supported"):
+        check_server_args(SimpleNamespace(enable_mixed_chunk=True, device="cpu"))
+    check_server_args(SimpleNamespace(enable_mixed_chunk=False, device="cpu"))
+
+
+@pytest.mark.parametrize("device,plane,graphs", [
+    ("cpu", "auto", False), ("cuda", "auto", True), ("cuda", "triton", True), ("cuda", "torch", False)])
+def test_decode_cuda_graphs_stay_on_only_where_they_can_run(tiny_llama, profile, device, plane, graphs):
+    """A profile keeps SGLang's decode CUDA graphs on CUDA with the Triton data plane; prefill graphs
+    never (compression plans each chunk on the host)."""
+    from tangram_sglang.sglang.server_args import serving_overrides
+
+    out = serving_overrides(profile, plane, device)
+    assert out["disable_prefill_cuda_graph"] is True
+    assert out.get("disable_cuda_graph", False) is (not graphs)

@@ -1,0 +1,61 @@
+"""--tangram-profile parses in the server's CLI and in the Engine, and survives pickling."""
+
+import pickle
+
+import pytest
+import sglang.srt.entrypoints.engine as engine_mod  # before load_plugins: the plugin patches Engine
+from sglang.srt.plugins import load_plugins
+from sglang.srt.server_args import prepare_server_args
+
+from tangram_sglang.profile import ProfileError
+from tangram_sglang.profile.uniform import main as write_uniform
+from tangram_sglang.sglang.server_args import profile_request
+
+load_plugins()
+
+
+@pytest.fixture
+def profile(tiny_llama, tmp_path):
+    path = tmp_path / "u.yaml"
+    write_uniform(["--model-path", tiny_llama[0], "--ratio", "1.0", "--ratio", "0.5", "-o", str(path)])
+    return str(path)
+
+
+def test_cli_flag_parses_and_survives_pickling(tiny_llama, profile):
+    args = prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile,
+                                "--tangram-ratio", "0.5"])
+    assert profile_request(args) == (profile, 0.5)
+    assert profile_request(pickle.loads(pickle.dumps(args))) == (profile, 0.5)
+
+
+def test_cli_without_flag_has_no_profile(tiny_llama):
+    args = prepare_server_args(["--model-path", tiny_llama[0]])
+    assert profile_request(args) == (None, None)
+
+
+def test_cli_bad_profile_stops_with_its_error(tiny_llama, profile, capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(open(profile).read().replace("num_kv_heads: 2", "num_kv_heads: 4"))
+    with pytest.raises(SystemExit) as info:
+        prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", str(bad)])
+    assert info.value.code == 2
+    assert "field 'entries[0].budgets'" in capsys.readouterr().err
+
+
+def test_cli_unknown_ratio(tiny_llama, profile, capsys):
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile, "--tangram-ratio", "0.3"])
+    assert "no entry for ratio 0.3" in capsys.readouterr().err
+
+
+def test_engine_server_args_accept_profile(tiny_llama, profile):
+    build = engine_mod.Engine.server_args_class
+    args = build(model_path=tiny_llama[0], tangram_profile=profile)
+    assert profile_request(args) == (profile, None)
+
+
+def test_engine_bad_profile_raises(tiny_llama, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("format: tangram-profile\nversion: 7\n")
+    with pytest.raises(ProfileError, match="unknown version 7"):
+        engine_mod.Engine.server_args_class(model_path=tiny_llama[0], tangram_profile=str(bad))

@@ -1,0 +1,236 @@
+"""RaggedKVCache scenarios: exact reservation, refusal, errors, sharing, copies, data layout."""
+
+import numpy as np
+import pytest
+import torch
+
+from tangram_sglang.attention.page_data import KVPageData
+from tangram_sglang.method.budgets import keep_count
+from tangram_sglang.pool import PoolError, PoolSpec, RaggedKVCache, RequestTooLargeError
+
+BETA = np.array([[0.5, 0.25], [1.0, 0.1]])
+
+
+def _cache(num_pages=64, page_size=4, beta=BETA):
+    spec = PoolSpec(num_layers=beta.shape[0], num_groups=beta.shape[1], heads_per_group=2, head_dim=3,
+                    page_size=page_size, num_pages=num_pages)
+    return RaggedKVCache(spec, beta)
+
+
+def test_reserved_equals_used_and_release():
+    c = _cache()
+    adm = c.admit("a", chunk_tokens=[8, 6], decode_tokens=3)
+    assert adm.plan.prefill_pages.tolist() == [2, 1, 4, 1]
+    assert c.pool.reserved == adm.plan.total_pages == 12
+    w = c.prefill_chunk("a", 8)
+    assert w.counts.tolist() == [[4, 2], [8, 1]]
+    c.prefill_chunk("a", 6)
+    assert c.request_pages_taken("a").tolist() == adm.plan.prefill_pages.tolist()
+    assert c.pool.reserved == adm.plan.decode_pages.sum() == 4
+    for _ in range(3):
+        c.decode(["a"])
+    assert c.pool.reserved == 0
+    c.check_integrity()
+    c.abort("a")
+    assert c.pool.num_free == 64 and c.usage().held_by_tree == 0
+    c.check_integrity()
+
+
+def test_refusal_is_a_return_value_and_too_large_raises():
+    c = _cache(num_pages=10)
+    # slots [4, 2, 8, 1] -> pages [1, 1, 2, 1]; +2 decode -> [6, 4, 10, 3] -> [2, 1, 3, 1]: 7 pages
+    assert c.admit("a", chunk_tokens=[8], decode_tokens=2).plan.total_pages == 7
+    c.check_integrity()
+    assert c.admit("b", chunk_tokens=[8], decode_tokens=2) is None
+    assert "b" not in c.requests
+    c.check_integrity()
+    with pytest.raises(RequestTooLargeError, match="can never fit"):
+        c.admit("c", chunk_tokens=[100])
+    with pytest.raises(PoolError, match="already admitted"):
+        c.admit("a", chunk_tokens=[1])
+
+
+def test_chunk_schedule_mismatch_and_unknown_request():
+    c = _cache()
+    c.admit("a", chunk_tokens=[8, 6])
+    with pytest.raises(PoolError, match="planned next chunk is 8"):
+        c.prefill_chunk("a", 7)
+    with pytest.raises(PoolError, match="decode before its prefill"):
+        c.decode(["a"])
+    with pytest.raises(PoolError, match="unknown request"):
+        c.prefill_chunk("zzz", 8)
+
+
+def test_decode_past_reservation_uses_free_pages_then_refuses():
+    c = _cache(num_pages=8, page_size=1, beta=np.array([[1.0]]))
+    c.admit("a", chunk_tokens=[2], decode_tokens=1)
+    c.prefill_chunk("a", 2)
+    for _ in range(6):
+        assert c.decode(["a"]) is not None
+    assert c.pool.num_free == 0
+    assert c.decode(["a"]) is None  # caller retracts
+    c.check_integrity()
+    c.retract("a")
+    assert c.pool.num_free == 8
+
+
+def test_repeated_decode_batch_follows_a_readmitted_request():
+    """The decode batch's slots are remembered while the batch repeats; a request retracted and
+    admitted again under the same rid (another arena slot) must not reuse the stale ones, and a
+    batch with a request still in prefill is refused every time (not remembered by the check)."""
+    beta = np.array([[1.0, 0.5]])
+    c = _cache(num_pages=64, page_size=2, beta=beta)
+    for rid in ("a", "b"):
+        c.admit(rid, chunk_tokens=[3], decode_tokens=4)
+        c.prefill_chunk(rid, 3)
+    c.decode(["a", "b"])
+    c.retract("a")
+    c.admit("c", chunk_tokens=[5], decode_tokens=4)   # takes a's old arena slot
+    c.admit("a", chunk_tokens=[3], decode_tokens=4)
+    assert c.reserve_decode_step(["a", "b"]) == 0     # the check may see a before its prefill...
+    with pytest.raises(PoolError, match="before its prefill"):
+        c.decode(["a", "b"])                          # ...the step refuses it, every time
+    c.prefill_chunk("a", 3)
+    c.prefill_chunk("c", 5)
+    for _ in range(3):
+        c.decode(["a", "b"])
+        c.check_integrity()
+    assert c.requests["a"].pages.lens.tolist() == (keep_count(beta.ravel(), 3) + 3).tolist()  # 3 decoded
+    assert c.requests["c"].pages.lens.tolist() == keep_count(beta.ravel(), 5).tolist()  # untouched by a's steps
+    c.check_integrity()
+
+
+def test_reserved_decode_step_cannot_be_taken_by_a_later_admission():
+    """SGLang's capacity check reserves the next step's pages; an admission between the check
+    and the step cannot take them, so the step never runs out."""
+    c = _cache(num_pages=8, page_size=1, beta=np.array([[1.0]]))
+    c.admit("a", chunk_tokens=[2], decode_tokens=1)
+    c.prefill_chunk("a", 2)
+    assert c.decode(["a"]) is not None          # uses the planned decode page
+    assert c.reserve_decode_step(["a"]) == 0 and c.pool.reserved == 1
+    assert c.reserve_decode_step(["a"]) == 0 and c.pool.reserved == 1  # idempotent
+    c.check_integrity()
+    assert c.admit("b", chunk_tokens=[5], decode_tokens=0) is None  # 5 free, 1 of them reserved
+    c.admit("b", chunk_tokens=[4], decode_tokens=0)
+    c.prefill_chunk("b", 4)
+    assert c.pool.available == 0
+    assert c.decode(["a"]) is not None          # the reserved page
+    c.check_integrity()
+    assert c.reserve_decode_step(["a"]) == 1 and c.pool.reserved == 0  # 1 page short: SGLang evicts or retracts
+    c.abort("b")
+    assert c.reserve_decode_step(["a", "gone"]) == 0  # unknown rids are skipped
+    c.abort("a")                                 # the step's page goes back with the request
+    assert c.pool.reserved == 0 and c.pool.num_free == 8
+    c.check_integrity()
+
+
+def _run(c, data, rid, chunks, decode, prefix=(), values=None):
+    """Admit, copy, prefill and decode a request writing value (tag) into every slot.
+
+    Returns the expected per-v slot values (a list of V lists)."""
+    adm = c.admit(rid, chunk_tokens=chunks, decode_tokens=decode, prefix=prefix)
+    data.copy_pages(adm.copy_src, adm.copy_dst)
+    V = c.spec.num_virtual
+    expect = [list(values[v]) if values else [] for v in range(V)]
+    tag = 1000.0 * (1 + len(c.requests))
+    for n in chunks:
+        w = c.prefill_chunk(rid, n)
+        locs = w.slot_locs.reshape(V, -1)
+        for v in range(V):
+            k = int(w.counts.reshape(-1)[v])
+            vals = tag + np.arange(k) + 100 * v
+            data.write(locs[v, :k], torch.tensor(vals).view(-1, 1, 1).expand(-1, 2, 3), torch.tensor(-vals).view(-1, 1, 1).expand(-1, 2, 3))
+            expect[v] += vals.tolist()
+            tag += 10000
+    for _ in range(decode):
+        locs = c.decode([rid]).reshape(V)
+        vals = tag + 100 * np.arange(V)
+        data.write(locs, torch.tensor(vals).view(-1, 1, 1).expand(-1, 2, 3), torch.tensor(-vals).view(-1, 1, 1).expand(-1, 2, 3))
+        for v in range(V):
+            expect[v].append(float(vals[v]))
+        tag += 7
+    return expect
+
+
+def _read(c, data, rid):
+    table, lens = c.build_layer_tables([rid])
+    P, V = c.spec.page_size, c.spec.num_virtual
+    table, lens = table.reshape(V, -1), lens.reshape(V)
+    out = []
+    for v in range(V):
+        s = np.arange(lens[v])
+        k, val = data.read(table[v, s // P].astype(np.int64) * P + s % P)
+        assert torch.equal(k, -val)
+        out.append(k[:, 0, 0].tolist())
+    return out
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 4])
+def test_multi_turn_sharing_keeps_data_dense_and_intact(page_size):
+    c = _cache(num_pages=200, page_size=page_size)
+    data = KVPageData(c.spec)
+    e1 = _run(c, data, "t1", [8, 5], 2)
+    assert _read(c, data, "t1") == e1
+    segs = c.finish("t1")
+    assert [s.num_tokens for s in segs] == [8, 5, 2] and [s.compressed for s in segs] == [True, True, False]
+    # two branches extend the same history; the first may extend in place, the second copies
+    e2 = _run(c, data, "t2a", [7], 1, prefix=segs, values=e1)
+    e3 = _run(c, data, "t2b", [3], 2, prefix=segs, values=e1)
+    assert _read(c, data, "t2a") == e2 and _read(c, data, "t2b") == e3
+    c.check_integrity()
+    s2 = c.finish("t2a")
+    c.abort("t2b")
+    e4 = _run(c, data, "t3", [2, 3], 3, prefix=[*segs, *s2], values=e2)
+    assert _read(c, data, "t3") == e4
+    c.abort("t3")
+    c.check_integrity()
+    for s in [*s2, *segs]:  # leaf first, as a radix tree evicts
+        c.evict(s.seg_id)
+        c.check_integrity()
+    assert c.pool.num_free == 200
+    c.check_integrity()
+
+
+def test_in_place_extension_saves_the_copy():
+    c = _cache(num_pages=100, page_size=4, beta=np.array([[1.0]]))
+    c.admit("a", chunk_tokens=[5])
+    c.prefill_chunk("a", 5)
+    segs = c.finish("a")
+    adm1 = c.admit("b", chunk_tokens=[2], prefix=segs)   # page 1 holds slot 4 only: extend in place
+    adm2 = c.admit("c", chunk_tokens=[2], prefix=segs)   # b claimed it: copy
+    assert adm1.copy_src.size == 0 and adm1.plan.prefill_pages.tolist() == [0]
+    assert adm2.copy_src.size == 1 and adm2.plan.prefill_pages.tolist() == [1]
+    c.check_integrity()
+    c.abort("b")  # b's claim ends: the next newcomer may extend in place again
+    adm3 = c.admit("d", chunk_tokens=[2], prefix=segs)
+    assert adm3.copy_src.size == 0
+    c.check_integrity()
+    c.evict(segs[0].seg_id)
+    with pytest.raises(PoolError, match="evicted"):
+        c.admit("e", chunk_tokens=[2], prefix=segs)
+    assert "e" not in c.requests
+    c.check_integrity()
+
+
+def test_split_uncompressed_segment():
+    c = _cache(num_pages=100, page_size=4, beta=np.array([[0.5]]))
+    c.admit("a", chunk_tokens=[8], decode_tokens=6)
+    c.prefill_chunk("a", 8)
+    for _ in range(6):
+        c.decode(["a"])
+    segs = c.finish("a")
+    with pytest.raises(PoolError, match="compressed"):
+        c.store.split(segs[0].seg_id, 2)
+    head, tail = c.store.split(segs[1].seg_id, 3)
+    assert head.end_slots.tolist() == [7] and tail.start_slots.tolist() == [7]
+    c.check_integrity()
+    adm = c.admit("b", chunk_tokens=[2], prefix=[segs[0], head])  # a match ending inside the decode run
+    assert adm.copy_src.size == 1  # the tail segment wrote past slot 7 in that page: copy
+    c.check_integrity()
+
+
+def test_keep_count_is_what_the_pool_reserves():
+    beta = np.array([[0.3, 0.7]])
+    c = _cache(beta=beta)
+    w = c.admit("a", chunk_tokens=[10])
+    assert w.plan.chunk_slots[0].tolist() == keep_count(beta.ravel(), 10).tolist() == [3, 7]

@@ -1,0 +1,55 @@
+"""Triton chunk prefill against the torch reference and the dense oracle (TRITON_INTERPRET=1 on CPU)."""
+
+import importlib
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+import triton  # noqa: E402,F401  (a pinned dependency: missing, these tests fail)
+
+from tangram_sglang.attention import make_split_row, ragged_prefill_chunk_torch  # noqa: E402
+from tangram_sglang.attention.testing import make_ragged_cache  # noqa: E402
+
+for _mod in ("tangram_sglang.attention.triton_decode", "tangram_sglang.attention.triton_prefill"):
+    if _mod in sys.modules:  # decorated before the env was set
+        importlib.reload(sys.modules[_mod])
+from test_attention_prefill import _dense  # noqa: E402
+
+from tangram_sglang.attention.triton_prefill import ragged_prefill_chunk_triton  # noqa: E402
+
+pytestmark = pytest.mark.triton
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("shape,page_size", [((4, 1, 1), 1), ((4, 3, 2), 16), ((5, 2, 4), 1), ((2, 2, 1), 16),
+                                              ((3, 1, 2), 4)])  # (H, gqa, H_p)
+@pytest.mark.parametrize("chunk_lens,max_len", [([17], 54), ([1, 5, 17], 17), ([3, 0, 1], 1), ([54, 2], 0)])
+def test_triton_prefill_matches_reference_and_dense(shape, page_size, chunk_lens, max_len):
+    h, gqa, hp = shape
+    num_g, batch, d = math.ceil(h / hp), len(chunk_lens), 16
+    rng = np.random.default_rng(len(chunk_lens) * 7 + max_len + page_size)
+    lens = rng.integers(0, max_len + 1, size=(batch, num_g))
+    lens.flat[0] = 0
+    if lens.size > 1:
+        lens.flat[1] = min(1, max_len)
+    cache = make_ragged_cache(lens, num_kv_heads=h, gqa=gqa, heads_per_group=hp, head_dim=d,
+                              page_size=page_size, seed=int(lens.sum()))
+    cu = torch.tensor([0, *np.cumsum(chunk_lens).tolist()], dtype=torch.int32)
+    total = int(cu[-1])
+    q, k = torch.randn(total, h * gqa, d), torch.randn(total, h, d)
+    v = torch.randn(total, h * gqa + 2 * h, d)[:, h * gqa + h:]  # a view of a fused qkv, as SGLang's v
+    ref = ragged_prefill_chunk_torch(q, k, v, cu, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens,
+                                     cache.meta, 0.25)
+    split = make_split_row(rng.integers(1, 4, size=num_g))
+    dev = lambda x: x if DEVICE == "cpu" else x.to(DEVICE)  # noqa: E731 - keeps v's strides on CPU
+    out = ragged_prefill_chunk_triton(dev(q), dev(k), dev(v), dev(cu), dev(cache.k_pages), dev(cache.v_pages),
+                                      dev(cache.block_table), dev(cache.seq_lens), cache.meta.to(DEVICE), 0.25,
+                                      split=split.to(DEVICE), block_n=16)
+    torch.testing.assert_close(out.cpu(), ref, atol=3e-5, rtol=1e-4)
+    torch.testing.assert_close(out.cpu(), _dense(cache, q, k, v, cu.tolist(), 0.25), atol=3e-5, rtol=1e-4)
