@@ -178,7 +178,7 @@ def main() -> None:
            "integrity_before_flush": info["integrity"], "integrity_after_flush": after["integrity"],
            "pages_used_after_flush": after["pages_used"], "pages_reserved_after_flush": after["pages_reserved"],
            **{k: info[k] for k in ("admitted", "waited", "retracted", "evicted_segments", "capped", "too_large",
-                                   "peak_running", "peak_pages_used", "pages_total")}, "commit": commit}
+                                   "peak_admitted", "peak_pages_used", "pages_total")}, "commit": commit}
     print(json.dumps(row, indent=1))
     keys = ["answered", "aborted", "hung_up", "abandoned", "refused", "failed"]
     lines = [f"# Soak: {args.sessions} multi-turn sessions, {args.workers} at a time, on a small pool "
@@ -187,11 +187,11 @@ def main() -> None:
              "| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys),
              "| " + " | ".join(str(row.get(k, 0)) for k in keys) + " |", "",
              "| tracebacks | integrity (before / after flush) | pages used / reserved after flush | admitted | "
-             "waited | retracted | evicted segments | capped | peak running | peak pages |",
+             "waited | retracted | evicted segments | capped | peak admitted | peak pages |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
              f"| {tracebacks} | {info['integrity']} / {after['integrity']} | {after['pages_used']} / "
              f"{after['pages_reserved']} | {info['admitted']} | {info['waited']} | {info['retracted']} | "
-             f"{info['evicted_segments']} | {info['capped']} | {info['peak_running']} | {info['peak_pages_used']} |",
+             f"{info['evicted_segments']} | {info['capped']} | {info['peak_admitted']} | {info['peak_pages_used']} |",
              "", f"Errors: {tally.errors or 'none'}", "",
              f"{row['seconds']} s. Code at {commit}: `.venv/bin/python benchmarks/soak.py --sessions {args.sessions}`", ""]
     os.makedirs(RESULTS, exist_ok=True)

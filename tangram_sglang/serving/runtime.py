@@ -1,13 +1,11 @@
 """TangramServing: everything one scheduler process holds to serve with a profile.
 
 One object per scheduler process (the model runner lives in the same process),
-created before SGLang builds its memory pools. It is passed to what SGLang
-builds (the allocator, the radix tree) and reached through them: SGLang's hooks
-through the tree it threads everywhere (``serving_of(tree_cache)``), the
-attention backend through the runner's allocator. The one place SGLang gives
-no context is between Scheduler.__init__ starting and the KV configurator's
-hooks: ``current()`` hands the object over there and is cleared once the
-scheduler is built.
+created before SGLang builds its memory pools and held by the process's
+TangramProcess (sglang/process.py). It is passed to what SGLang builds (the
+allocator, the radix tree) and reached through them: SGLang's hooks through the
+tree it threads everywhere (``serving_of(tree_cache)``), the attention backend
+through the runner's allocator.
 
 A request's progress has one owner: the pool's request record (its plan,
 chunks done, pages); RequestState keeps only what the pool does not know
@@ -49,23 +47,9 @@ from tangram_sglang.serving.block_tables import DeviceBlockTables
 
 DEFAULT_CHUNK = 512
 logger = logging.getLogger("tangram_sglang")
-_CURRENT: "TangramServing | None" = None
-
-
-def current() -> "TangramServing | None":
-    """The serving state being built by Scheduler.__init__ (the KV configurator's hooks read it),
-    or None: no profile, or the scheduler is built (readers then go through the tree/allocator)."""
-    return _CURRENT
-
-
 def serving_of(tree_cache) -> "TangramServing | None":
     """The serving state behind SGLang's tree cache (None for a stock tree: no profile)."""
     return getattr(tree_cache, "serving", None)
-
-
-def set_current(serving: "TangramServing | None") -> None:
-    global _CURRENT
-    _CURRENT = serving
 
 
 def chunk_size_of(profile: TangramProfile) -> int:
@@ -97,7 +81,7 @@ class PoolCounters:
     capped: int = 0
     retracted: int = 0
     evicted_segments: int = 0
-    peak_running: int = 0
+    peak_admitted: int = 0  # most requests ever holding pages at once (admitted, not yet released)
     peak_pages_used: int = 0
 
 
@@ -121,7 +105,6 @@ class TangramServing:
         self.tree = None  # TangramRadixCache, set when SGLang builds it
         self.stock_tokens = 0
         self.full_kv_token_bytes = 0
-        self.decode_steps = 0
         self.data_plane: str | None = None  # set by the attention backend: "torch", "triton" or "cuda"
         self._max_prompt: int | None = None
         self.gauges = None  # serving.metrics.TangramGauges, made at the first report with --enable-metrics
@@ -264,7 +247,7 @@ class TangramServing:
             state.copy_src, state.copy_dst = adm.copy_src, adm.copy_dst
         self.requests[rid] = state
         self.counters.admitted += 1
-        self.counters.peak_running = max(self.counters.peak_running, len(self.requests))
+        self.counters.peak_admitted = max(self.counters.peak_admitted, len(self.requests))
         return True
 
     def planned_extend(self, rid: str) -> int | None:

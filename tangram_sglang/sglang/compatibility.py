@@ -1,6 +1,6 @@
 """SGLang options and model paths a profile cannot be served with: refused at launch, one line each.
 
-Checked in the launching process (server_args_ext.attach_profile) once SGLang has
+Checked in the launching process (server_args.attach_profile) once SGLang has
 built its ServerArgs, so nothing is spawned. Each entry says why; what is not
 listed runs with a profile (the tests say which are exercised).
 """

@@ -2,7 +2,8 @@
 
 SGLang sizes its KV cache (from free memory or --max-total-tokens) as
 ``max_total_num_tokens`` full-KV token slots. Three AROUND hooks on
-KVCacheConfigurator turn that into Tangram's pool:
+KVCacheConfigurator (bound to the process's serving state by process.py) turn
+that into Tangram's pool:
 
 * ``_derive_pool_sizes``: the same bytes become ragged pages
   (TangramServing.build_pool); SGLang's token count becomes a *logical* id
@@ -21,16 +22,10 @@ import logging
 import msgspec
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 
-from tangram_sglang.serving.runtime import current
-
 logger = logging.getLogger("tangram_sglang")
 
 PAGE_SIZE = 16
 _STUB_TOKENS = 16
-
-
-def _active(configurator):
-    return None if configurator.is_draft_worker else current()
 
 
 class TangramAllocator(TokenToKVPoolAllocator):
@@ -56,9 +51,9 @@ class TangramAllocator(TokenToKVPoolAllocator):
         return self.serving.max_decode_tokens(int(input_tokens), int(max_new_tokens))
 
 
-def derive_pool_sizes(original, configurator, *args, **kwargs):
+def derive_pool_sizes(serving, original, configurator, *args, **kwargs):
+    """AROUND KVCacheConfigurator._derive_pool_sizes (serving None: no profile, SGLang's own)."""
     sizes = original(configurator, *args, **kwargs)
-    serving = _active(configurator)
     if serving is None:
         return sizes
     mc = configurator.model_config
@@ -85,15 +80,14 @@ def _tensor_parallel(configurator) -> tuple[int, int]:
     return tp_size, int(get_tensor_model_parallel_rank())
 
 
-def build_token_to_kv_pool(original, configurator, *args, sizes, **kwargs):
-    if _active(configurator) is None:
+def build_token_to_kv_pool(serving, original, configurator, *args, sizes, **kwargs):
+    if serving is None:
         return original(configurator, *args, sizes=sizes, **kwargs)
     stub = msgspec.structs.replace(sizes, max_total_num_tokens=_STUB_TOKENS)
     return original(configurator, *args, sizes=stub, **kwargs)
 
 
-def build_allocator(original, configurator, *args, sizes, token_to_kv_pool, **kwargs):
-    serving = _active(configurator)
+def build_allocator(serving, original, configurator, *args, sizes, token_to_kv_pool, **kwargs):
     if serving is None:
         return original(configurator, *args, sizes=sizes, token_to_kv_pool=token_to_kv_pool, **kwargs)
     return TangramAllocator(sizes.max_total_num_tokens, dtype=configurator.kv_cache_dtype,

@@ -1,17 +1,21 @@
-"""SGLang plugin entry point (group ``sglang.srt.plugins``).
+"""SGLang plugin entry point (group ``sglang.srt.plugins``) and the table of every hook.
 
-SGLang calls ``register()`` in every process it starts (launcher, Engine,
-scheduler, detokenizer) before building anything, then applies the hooks
-registered here. Kept light: importing this module imports no torch model
-code; the hooks import what they need when they run.
+SGLang calls ``register()`` once in every process it starts (launcher, Engine, scheduler,
+detokenizer) before building anything, then applies the hooks registered here. Each process
+gets one TangramProcess (process.py) holding its state; the hooks are its bound methods or
+stateless functions of the modules beside this one. Kept light: importing this module imports
+no torch model code.
+
+Besides the hooks, SGLang is extended through its registries (the ``tangram`` attention backend
+and radix tree names) and one class attribute: ``Engine.server_args_class`` is wrapped so
+``sglang.Engine(tangram_profile=...)`` works.
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 
-logger = logging.getLogger("tangram_sglang")
+from tangram_sglang.sglang.process import TangramProcess
 
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
@@ -24,62 +28,37 @@ POLICY = "sglang.srt.managers.schedule_policy.SchedulePolicy"
 DECODE_GRAPH = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 
 
-def _scheduler_pre_init(scheduler, server_args, *args, **kwargs):
-    """BEFORE Scheduler.__init__: load the profile before SGLang builds its memory pools."""
-    from tangram_sglang.serving.runtime import TangramServing, set_current
-    from tangram_sglang.sglang.server_args import profile_request
+def launcher_hooks() -> list:
+    """Hooks for every process: (SGLang target, kind, body)."""
+    from tangram_sglang.sglang import server_args
 
-    path, ratio = profile_request(server_args)
-    set_current(TangramServing.load(path, ratio) if path is not None else None)
-
-
-def _scheduler_init(result, scheduler, server_args, *args, **kwargs) -> None:
-    """AFTER Scheduler.__init__: check the profile against the model SGLang loaded; report it."""
-    from tangram_sglang.profile import ModelShape
-    from tangram_sglang.serving.runtime import current, set_current
-    from tangram_sglang.sglang.runtime_state import TangramRuntime
-
-    serving = current()
-    set_current(None)  # the hand-off ends here: later readers reach it through the tree and allocator
-    scheduler.tangram = None
-    if serving is None:
-        return
-    serving.profile.check_model(ModelShape.from_hf_config(scheduler.model_config.hf_config))
-    runtime = TangramRuntime(path=serving.path, profile=serving.profile, entry=serving.entry, serving=serving)
-    scheduler.tangram = runtime
-    scheduler.tp_worker.model_runner.tangram = runtime
-    runtime.log_summary()
+    return [
+        (f"{SERVER_ARGS}.add_cli_args", "AFTER", server_args.add_cli_args),          # --tangram-* flags
+        (f"{SERVER_ARGS}.from_cli_args", "AROUND", server_args.from_cli_args),       # validate the profile
+    ]
 
 
-def _log_prefill_pool(result, reporter, *args, **kwargs):
-    """AFTER the prefill batch log line: the ragged pool's pages and the memory saved."""
-    from tangram_sglang.serving.runtime import serving_of
+def scheduler_hooks(process: TangramProcess) -> list:
+    """Hooks for a scheduler process (the model runner lives in it too)."""
+    from tangram_sglang.sglang import scheduling
 
-    serving = serving_of(reporter.scheduler.tree_cache)
-    if serving is not None and serving.cache is not None:
-        _publish(reporter, serving)
-    return result
-
-
-def _publish(reporter, serving) -> None:
-    """The pool's log line and its Prometheus gauges (with --enable-metrics)."""
-    from tangram_sglang.serving.metrics import report
-
-    info = serving.pool_info()  # once: the log line and the gauges read the same counters
-    logger.info(serving.log_line(info))
-    report(reporter, serving, info)
-
-
-def _log_decode_pool(result, reporter, *args, **kwargs):
-    """AFTER report_decode_stats: the same line, at SGLang's decode log interval."""
-    from tangram_sglang.serving.runtime import serving_of
-
-    serving = serving_of(reporter.scheduler.tree_cache)
-    if serving is not None and serving.cache is not None:
-        serving.decode_steps += 1
-        if serving.decode_steps % max(1, getattr(reporter, "decode_log_interval", 40)) == 0:
-            _publish(reporter, serving)
-    return result
+    return [
+        (f"{SCHEDULER}.__init__", "BEFORE", process.scheduler_pre_init),             # load the profile
+        (f"{CONFIGURATOR}._derive_pool_sizes", "AROUND", process.derive_pool_sizes),  # stock bytes -> pages
+        (f"{CONFIGURATOR}._build_token_to_kv_pool", "AROUND", process.build_token_to_kv_pool),  # a stub
+        (f"{CONFIGURATOR}._build_token_to_kv_pool_allocator", "AROUND", process.build_allocator),
+        (f"{SCHEDULER}.__init__", "AFTER", process.scheduler_init),                  # report the profile
+        (f"{SCHEDULER}.get_prefill_adder_class", "AROUND", scheduling.prefill_adder_class),  # reservation
+        (f"{SCHEDULER}._add_request_to_queue", "BEFORE", scheduling.refuse_never_fitting),
+        (f"{POLICY}._touch_waiting_prefixes", "AROUND", scheduling.touch_waiting_histories),
+        (f"{SCHEDULE_BATCH}.prepare_for_extend", "AFTER", scheduling.bind_rows),
+        (f"{BEAMS}.validate_and_init", "AROUND", scheduling.refuse_beam_search),
+        (f"{SCHEDULER}.update_running_batch", "AFTER", process.count_running),
+        (f"{METRICS}.report_prefill_stats", "AFTER", process.log_prefill_pool),
+        (f"{METRICS}.report_decode_stats", "AFTER", process.log_decode_pool),
+        (f"{INTERNAL_STATE}.get_internal_state", "AFTER", process.internal_state),   # /server_info
+        (f"{DECODE_GRAPH}.execute", "BEFORE", scheduling.hand_graph_batch),          # rids for graph replays
+    ]
 
 
 def _register_backends() -> None:
@@ -107,53 +86,6 @@ def _create_tree(ctx):
     return TangramRadixCache(ctx.params, ctx.params.token_to_kv_pool_allocator.serving)
 
 
-def _register_serving_hooks(HookRegistry, HookType) -> None:
-    from tangram_sglang.sglang import memory, scheduling
-
-    HookRegistry.register(f"{SCHEDULER}.__init__", _scheduler_pre_init, HookType.BEFORE)
-    HookRegistry.register(f"{CONFIGURATOR}._derive_pool_sizes", memory.derive_pool_sizes, HookType.AROUND)
-    HookRegistry.register(f"{CONFIGURATOR}._build_token_to_kv_pool", memory.build_token_to_kv_pool, HookType.AROUND)
-    HookRegistry.register(f"{CONFIGURATOR}._build_token_to_kv_pool_allocator", memory.build_allocator,
-                          HookType.AROUND)
-    HookRegistry.register(f"{SCHEDULER}.get_prefill_adder_class", scheduling.prefill_adder_class, HookType.AROUND)
-    HookRegistry.register(f"{SCHEDULER}._add_request_to_queue", scheduling.refuse_never_fitting, HookType.BEFORE)
-    HookRegistry.register(f"{POLICY}._touch_waiting_prefixes", scheduling.touch_waiting_histories, HookType.AROUND)
-    HookRegistry.register(f"{SCHEDULE_BATCH}.prepare_for_extend", scheduling.bind_rows, HookType.AFTER)
-    HookRegistry.register(f"{BEAMS}.validate_and_init", scheduling.refuse_beam_search, HookType.AROUND)
-    HookRegistry.register(f"{METRICS}.report_prefill_stats", _log_prefill_pool, HookType.AFTER)
-    HookRegistry.register(f"{METRICS}.report_decode_stats", _log_decode_pool, HookType.AFTER)
-    HookRegistry.register(f"{DECODE_GRAPH}.execute", _graph_batch, HookType.BEFORE)
-
-
-def _graph_batch(runner, *args, **kwargs):
-    """BEFORE DecodeCudaGraphRunner.execute: hand the batch's request ids to a Tangram backend (the
-    replay view it is given carries none)."""
-    receive = getattr(getattr(runner, "attn_backend", None), "graph_batch", None)
-    forward_batch = kwargs.get("forward_batch", args[0] if args else None)
-    if receive is not None:
-        receive(getattr(forward_batch, "rids", None))
-
-
-def _internal_state(result, controller, *args, **kwargs):
-    """AFTER get_internal_state: report the profile, the pool and the batch counters in /server_info."""
-    scheduler = controller.scheduler
-    runtime = getattr(scheduler, "tangram", None)
-    result.internal_state["tangram"] = runtime.info() if runtime is not None else None
-    result.internal_state["batch_counters"] = {
-        "running": len(scheduler.running_batch.reqs), "waiting": len(scheduler.waiting_queue),
-        "peak_running": getattr(scheduler, "tangram_peak_running", 0),
-    }
-    result.internal_state["overlap_schedule"] = scheduler.enable_overlap
-    return result
-
-
-def _count_running(result, scheduler, *args, **kwargs):
-    """AFTER Scheduler.update_running_batch: the most requests ever decoding together (stock or Tangram)."""
-    if result is not None:
-        scheduler.tangram_peak_running = max(getattr(scheduler, "tangram_peak_running", 0), len(result.reqs))
-    return result
-
-
 def _patch_engine() -> None:
     """Let sglang.Engine(tangram_profile=..., tangram_ratio=...) work.
 
@@ -175,17 +107,12 @@ def _patch_engine() -> None:
 def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from tangram_sglang.sglang import server_args as server_args_ext
-
-    HookRegistry.register(f"{SERVER_ARGS}.add_cli_args", server_args_ext.add_cli_args, HookType.AFTER)
-    HookRegistry.register(f"{SERVER_ARGS}.from_cli_args", server_args_ext.from_cli_args, HookType.AROUND)
-    # Only where a scheduler runs (its module is imported by the spawn target):
-    # resolving the hook targets elsewhere would import the scheduler for nothing.
-    _register_backends()
+    hooks = launcher_hooks()
+    # Only where a scheduler runs (its module is imported by the spawn target): resolving the
+    # scheduler's hook targets elsewhere would import the scheduler for nothing.
     if "sglang.srt.managers.scheduler" in sys.modules:
-        _register_serving_hooks(HookRegistry, HookType)
-        HookRegistry.register(f"{SCHEDULER}.__init__", _scheduler_init, HookType.AFTER)
-        HookRegistry.register(f"{INTERNAL_STATE}.get_internal_state", _internal_state, HookType.AFTER)
-        HookRegistry.register(f"{SCHEDULER}.update_running_batch", _count_running, HookType.AFTER)
+        hooks += scheduler_hooks(TangramProcess())
+    for target, kind, body in hooks:
+        HookRegistry.register(target, body, getattr(HookType, kind))
+    _register_backends()
     _patch_engine()
-

@@ -60,6 +60,7 @@ def _tokens(ids) -> np.ndarray:
 class TangramRadixCache(RadixCache):
     def __init__(self, params, serving):
         self.serving = serving
+        self.touched_order: tuple | None = None  # the waiting queue's head last touched (scheduling.py)
         super().__init__(params)
         serving.tree = self
 

@@ -165,9 +165,9 @@ def touch_waiting_histories(original, policy, active, waiting_queue):
         return original(policy, active, waiting_queue)
     head = _touch_head(waiting_queue)
     order = tuple(r.rid for r in head)
-    if order == getattr(policy, "tangram_touched", None):
+    if order == tree.touched_order:
         return None
-    policy.tangram_touched = order
+    tree.touched_order = order
     for req in reversed(head):
         touch_waiting_prefix(req, tree)
     return None
@@ -187,3 +187,12 @@ def _touch_head(waiting_queue) -> list:
             break
         head.append(req)
     return head
+
+
+def hand_graph_batch(runner, *args, **kwargs):
+    """BEFORE DecodeCudaGraphRunner.execute: hand the batch's request ids to a Tangram backend (the
+    replay view it is given carries none)."""
+    receive = getattr(getattr(runner, "attn_backend", None), "graph_batch", None)
+    forward_batch = kwargs.get("forward_batch", args[0] if args else None)
+    if receive is not None:
+        receive(getattr(forward_batch, "rids", None))

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from tangram_sglang.profile import ModelShape, ProfileError, load_profile
+from tangram_sglang.profile import ModelShape, ProfileError, TangramProfile, load_profile
 from tangram_sglang.scorers.profile_scorer import check_scorer_weights
 from tangram_sglang.sglang.compatibility import check_server_args, check_tensor_parallel
 
@@ -41,7 +41,8 @@ def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> No
                             "cuda (the CUDA decode kernel, compiled at start, with the Triton prefill).")
 
 
-def serving_overrides(profile_path: str | None, data_plane: str | None = "auto", device: str | None = None) -> dict:
+def serving_overrides(profile: TangramProfile | None, data_plane: str | None = "auto",
+                      device: str | None = None) -> dict:
     """ServerArgs fields a served profile needs: the Tangram backend and tree, logical page 1,
     chunked prefill in the profile's compression chunks, no prefill CUDA graphs (compression
     plans on the host per chunk), and decode CUDA graphs only where they can run: on CUDA with
@@ -49,11 +50,10 @@ def serving_overrides(profile_path: str | None, data_plane: str | None = "auto",
     request that finished in step t runs once more in step t+1 (its KV slot reserved by the
     capacity check like any other) and is released after, so the pool and the tree see what
     they see without it."""
-    if profile_path is None:
+    if profile is None:
         return {}
     from tangram_sglang.serving.runtime import chunk_size_of
 
-    profile = load_profile(os.path.abspath(os.path.expanduser(profile_path)))
     out = {"attention_backend": "tangram", "radix_cache_backend": "tangram", "page_size": 1,
            "chunked_prefill_size": chunk_size_of(profile), "disable_prefill_cuda_graph": True,
            "enable_mixed_chunk": False}
@@ -82,23 +82,28 @@ def _apply_overrides(target: dict, overrides: dict) -> None:
         target[name] = value
 
 
-def attach_profile(server_args, profile_path: str | None, ratio: float | None,
-                   data_plane: str | None = "auto") -> None:
-    """Validate the profile (and the model when its folder is local) and record it on server_args.
+def read_profile(profile_path: str | None) -> tuple[str | None, TangramProfile | None]:
+    """(absolute path, profile) of --tangram-profile, read and validated once per launch."""
+    if profile_path is None:
+        return None, None
+    path = os.path.abspath(os.path.expanduser(profile_path))
+    return path, load_profile(path)
 
-    Raises ProfileError naming the field and the problem.
+
+def attach_profile(server_args, path: str | None, profile: TangramProfile | None, ratio: float | None,
+                   data_plane: str | None = "auto") -> None:
+    """Check the profile against the request (and the model when its folder is local) and record
+    it on server_args. Raises ProfileError naming the field and the problem.
     """
     data_plane = data_plane or "auto"
     if data_plane not in DATA_PLANES:
         raise ProfileError("tangram_data_plane", f"{data_plane!r} is not one of {', '.join(DATA_PLANES)}")
-    if profile_path is None:
+    if profile is None:
         if ratio is not None:
             raise ProfileError("tangram_ratio", "given without --tangram-profile")
         if data_plane != "auto":
             raise ProfileError("tangram_data_plane", "given without --tangram-profile")
         return
-    path = os.path.abspath(os.path.expanduser(profile_path))
-    profile = load_profile(path)
     profile.select(ratio)
     check_scorer_weights(profile, path)
     model_path = getattr(server_args, "model_path", None)
@@ -129,12 +134,11 @@ def _check_data_plane(server_args, data_plane: str) -> None:
 def from_cli_args(original, cls, args: argparse.Namespace):
     """AROUND hook on ServerArgs.from_cli_args: a bad profile ends the launch with its error."""
     try:
-        _apply_overrides(vars(args), serving_overrides(getattr(args, "tangram_profile", None),
-                                                       getattr(args, "tangram_data_plane", "auto"),
-                                                       getattr(args, "device", None)))
+        path, profile = read_profile(getattr(args, "tangram_profile", None))
+        data_plane = getattr(args, "tangram_data_plane", "auto")
+        _apply_overrides(vars(args), serving_overrides(profile, data_plane, getattr(args, "device", None)))
         server_args = original(cls, args)
-        attach_profile(server_args, getattr(args, "tangram_profile", None), getattr(args, "tangram_ratio", None),
-                       getattr(args, "tangram_data_plane", "auto"))
+        attach_profile(server_args, path, profile, getattr(args, "tangram_ratio", None), data_plane)
     except ProfileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -145,12 +149,12 @@ def engine_server_args_factory(server_args_cls):
     """A stand-in for Engine.server_args_class that accepts tangram_profile= and tangram_ratio=."""
 
     def build(**kwargs):
-        profile = kwargs.pop("tangram_profile", None)
+        path, profile = read_profile(kwargs.pop("tangram_profile", None))
         ratio = kwargs.pop("tangram_ratio", None)
         data_plane = kwargs.pop("tangram_data_plane", "auto")
         _apply_overrides(kwargs, serving_overrides(profile, data_plane, kwargs.get("device")))
         server_args = server_args_cls(**kwargs)
-        attach_profile(server_args, profile, ratio, data_plane)
+        attach_profile(server_args, path, profile, ratio, data_plane)
         return server_args
 
     build.tangram_wrapped = server_args_cls

@@ -21,7 +21,7 @@ from tangram_sglang.pool.spec import PoolError
 from tangram_sglang.serving.testing import HKV, HQ, PROMPTS, STEPS, D, served_pool, step_inputs
 from tangram_sglang.sglang.backend import TangramAttnBackend
 from tangram_sglang.sglang.memory import TangramAllocator
-from tangram_sglang.sglang.plugin import _graph_batch
+from tangram_sglang.sglang.scheduling import hand_graph_batch
 
 PROFILE = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "configs" / "smollm2-snapkv.yaml")
 ROWS, CONTEXT = 16, 256
@@ -109,7 +109,7 @@ def test_graph_replay_matches_eager_decode():
         bs = min(b for b in BUCKETS if b >= len(rids))
         pad = bs - len(rids)
         if step != NO_HOOK:
-            _graph_batch(SimpleNamespace(attn_backend=graph), decode_batch(rids))
+            hand_graph_batch(SimpleNamespace(attn_backend=graph), decode_batch(rids))
         graph.init_forward_metadata_out_graph(decode_batch(rids, bs, pad), in_capture=False)
         assert addresses(graph) == captured[bs]
         got = []

@@ -273,7 +273,7 @@ def test_soak_small_pool(small_server, essay_ids):
     assert get_status(url + "/health") == 200
     info, batch = wait_idle(small_server)
     print("soak:", tally, {k: info[k] for k in ("admitted", "waited", "evicted_segments", "retracted",
-                                                "peak_running", "peak_pages_used", "pages_used")})
+                                                "peak_admitted", "peak_pages_used", "pages_used")})
     assert info["integrity"] == "ok", info
     assert info["running_requests"] == 0 and batch["running"] == 0 and batch["waiting"] == 0
     assert info["evicted_segments"] > 0, info  # the pool was too small to keep every turn

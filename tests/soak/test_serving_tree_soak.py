@@ -417,7 +417,7 @@ def test_waiting_queue_touch_evicts_the_turn_queued_last_first():
                              cache_salt=None) for i in (0, 1)]   # session 2's next turn is not queued
     policy, stock = SimpleNamespace(tree_cache=d.tree), []
     touch_waiting_histories(lambda *a: stock.append(a), policy, CacheAgnosticPolicy.FCFS, queue)
-    assert not stock and policy.tangram_touched == ("w0", "w1")  # a Tangram tree: touched on this pass
+    assert not stock and d.tree.touched_order == ("w0", "w1")  # a Tangram tree: touched on this pass
     touch_waiting_histories(lambda *a: stock.append(a), policy, CacheAwarePolicy.LPM, queue)
     assert len(stock) == 1  # cache-aware policies touch while matching: SGLang's own path
     assert _eviction_order(d) == [2, 1, 0]

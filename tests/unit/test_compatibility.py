@@ -83,8 +83,8 @@ def test_mixed_chunked_prefill_is_refused():
 def test_decode_cuda_graphs_stay_on_only_where_they_can_run(tiny_llama, profile, device, plane, graphs):
     """A profile keeps SGLang's decode CUDA graphs on CUDA with the Triton data plane; prefill graphs
     never (compression plans each chunk on the host)."""
-    from tangram_sglang.sglang.server_args import serving_overrides
+    from tangram_sglang.sglang.server_args import read_profile, serving_overrides
 
-    out = serving_overrides(profile, plane, device)
+    out = serving_overrides(read_profile(profile)[1], plane, device)
     assert out["disable_prefill_cuda_graph"] is True
     assert out.get("disable_cuda_graph", False) is (not graphs)

@@ -4,7 +4,7 @@ import pytest
 
 from tangram_sglang.profile import ProfileError
 from tangram_sglang.serving.data_plane import DataPlaneError, choose_data_plane
-from tangram_sglang.sglang.server_args import attach_profile
+from tangram_sglang.sglang.server_args import attach_profile, read_profile
 
 
 def test_auto_is_torch_on_cpu_and_triton_on_cuda(monkeypatch):
@@ -39,10 +39,10 @@ def test_bad_choice_and_choice_without_profile_are_refused():
         model_path = None
 
     with pytest.raises(ProfileError, match="tangram_data_plane"):
-        attach_profile(Args(), None, None, "triton")
+        attach_profile(Args(), None, None, None, "triton")
     with pytest.raises(ProfileError, match="'gpu' is not one of"):
-        attach_profile(Args(), None, None, "gpu")
-    attach_profile(Args(), None, None, "auto")  # nothing asked, nothing recorded
+        attach_profile(Args(), None, None, None, "gpu")
+    attach_profile(Args(), None, None, None, "auto")  # nothing asked, nothing recorded
 
 
 def test_triton_without_a_gpu_stops_the_launch(monkeypatch):
@@ -53,7 +53,7 @@ def test_triton_without_a_gpu_stops_the_launch(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     profile = str(Path(__file__).resolve().parents[2] / "configs" / "smollm2-snapkv.yaml")
     with pytest.raises(ProfileError, match="tangram_data_plane.*need a GPU"):
-        attach_profile(SimpleNamespace(model_path=None, device="cpu"), profile, None, "triton")
+        attach_profile(SimpleNamespace(model_path=None, device="cpu"), *read_profile(profile), None, "triton")
     args = SimpleNamespace(model_path=None, device="cpu")
-    attach_profile(args, profile, None, "torch")
+    attach_profile(args, *read_profile(profile), None, "torch")
     assert args._tangram_data_plane == "torch"

@@ -179,23 +179,23 @@ def test_profile_loads_its_gates(tmp_path):
     ("", None, "needs a weights file"),
 ])
 def test_launch_refuses_a_missing_or_altered_gate_file(tmp_path, weights, sha, message):
-    from tangram_sglang.sglang.server_args import attach_profile
+    from tangram_sglang.sglang.server_args import attach_profile, read_profile
 
     path = _gate_profile(tmp_path, weights=weights, sha=sha)
     with pytest.raises(ProfileError, match=message):
-        attach_profile(types.SimpleNamespace(model_path=None), path, None)
+        attach_profile(types.SimpleNamespace(model_path=None), *read_profile(path), None)
 
 
 def test_launch_refuses_a_gate_file_altered_after_calibration(tmp_path):
-    from tangram_sglang.sglang.server_args import attach_profile
+    from tangram_sglang.sglang.server_args import attach_profile, read_profile
 
     path = _gate_profile(tmp_path)
     server_args = types.SimpleNamespace(model_path=None)
-    attach_profile(server_args, path, None)  # intact: accepted
+    attach_profile(server_args, *read_profile(path), None)  # intact: accepted
     with open(tmp_path / "p.gate.safetensors", "ab") as f:
         f.write(b"x")
     with pytest.raises(ProfileError, match="p.gate.safetensors does not match"):
-        attach_profile(server_args, path, None)
+        attach_profile(server_args, *read_profile(path), None)
 
 
 def test_xz_gate_file_loads_the_same_gates(tmp_path):
