@@ -8,7 +8,7 @@
 Talks to the server over the OpenAI-compatible API on 127.0.0.1, keeping the
 whole conversation in each request: SGLang's radix tree reuses the history.
 The recommended ratio and the figures printed with it are read from the fidelity
-results (benchmarks/report_tables.py: recommended()), never typed here.
+results (benchmarks/common/report_tables.py: recommended()), never typed here.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ QUESTIONS = [
 
 
 def _report_tables():
-    """benchmarks/report_tables.py (standard library only), loaded by path."""
+    """benchmarks/common/report_tables.py (standard library only), loaded by path."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(HERE), "benchmarks", "report_tables.py")
+    path = os.path.join(os.path.dirname(HERE), "benchmarks", "common", "report_tables.py")
     spec = importlib.util.spec_from_file_location("tangram_report_tables", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -14,7 +14,7 @@ Profiles feed Algorithm 1 the budgets as stored (``stored_budgets``): every
 head of a group keeps the group's count beta_g, so a group's decode work is
 |g| * beta_g, not the sum of its heads' own budgets. With the paper's raw
 sums, mixed groups get too few CTAs (stragglers up to 1.69x on the reference
-profiles at H_p = 4; 1.01-1.06x with stored budgets, benchmarks/load_balance.py).
+profiles at H_p = 4; 1.01-1.06x with stored budgets, benchmarks/modeled/load_balance.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 from tangram_sglang.pool.block_table import build_layer_tables, stack_chunk_writes
 from tangram_sglang.pool.page_pool import PagePool
-from tangram_sglang.pool.ragged_cache import Admission, ChunkWrite, PoolUsage, RaggedKVCache
+from tangram_sglang.pool.ragged_cache import RaggedKVCache
+from tangram_sglang.pool.records import Admission, ChunkWrite, PoolUsage
 from tangram_sglang.pool.request_pages import RequestPages
 from tangram_sglang.pool.reservation import ReservationPlan, chunk_slot_counts, plan_reservation
 from tangram_sglang.pool.segments import Segment, SegmentStore, assemble

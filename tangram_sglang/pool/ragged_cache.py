@@ -36,100 +36,11 @@ import numpy as np
 from tangram_sglang.pool.batch_memo import BatchMemo
 from tangram_sglang.pool.block_table import build_layer_tables
 from tangram_sglang.pool.page_pool import PagePool
-from tangram_sglang.pool.request_pages import PageArena, RequestPages, flat_slot_locs
-from tangram_sglang.pool.reservation import ReservationPlan, plan_reservation
+from tangram_sglang.pool.records import Admission, ChunkWrite, DecodeStep, PoolUsage, RequestRecord
+from tangram_sglang.pool.request_pages import PageArena, RequestPages, div_mod, fast_mod
+from tangram_sglang.pool.reservation import plan_reservation
 from tangram_sglang.pool.segments import Segment, SegmentStore, assemble, page_columns
 from tangram_sglang.pool.spec import PoolError, PoolSpec, RequestTooLargeError
-
-
-@dataclass(frozen=True, kw_only=True)
-class Admission:
-    plan: ReservationPlan
-    copy_src: np.ndarray  # int64 page ids whose contents must be copied ...
-    copy_dst: np.ndarray  # ... into these pages before the first write
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChunkWrite:
-    """Where one prefill chunk's kept KV goes, in (page, offset) form:
-
-    pages int32 [L, G, W] (-1 padded) the pages the chunk's slots fall in, in order;
-    offset int64 [L, G] offset of its first slot in pages[..., 0]; counts int64 [L, G] kept slots.
-    Kept slot j of (l, g) lives in page pages[l, g, (offset + j) // P] at (offset + j) % P.
-    ``slot_locs`` gives the flat ids page * P + offset, int64 [L, G, max(counts)], -1 padded.
-    """
-
-    pages: np.ndarray
-    offset: np.ndarray
-    counts: np.ndarray
-    page_size: int
-
-    @property
-    def slot_locs(self) -> np.ndarray:
-        return flat_slot_locs(self.pages, self.offset, self.counts, self.page_size)
-
-
-def _div_mod(x: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
-    """(x // p, x % p); shifts and masks when p is a power of two (integer division is slow)."""
-    if p & (p - 1) == 0:
-        return x >> (p.bit_length() - 1), x & (p - 1)
-    return x // p, x % p
-
-
-def _mod(x: np.ndarray, p: int) -> np.ndarray:
-    """x % p; a mask when p is a power of two."""
-    return x & (p - 1) if p & (p - 1) == 0 else x % p
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecodeStep:
-    """One decode step of a batch: locs int64 [B, L, G] slots to write (None if not asked); opened int64 [n, 3]
-    (batch index, v, page id) of the pages the step appended; width the batch's largest
-    page count after the step."""
-    locs: np.ndarray
-    opened: np.ndarray
-    width: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class PoolUsage:
-    total: int
-    free: int
-    reserved: int
-    held_by_requests_only: int
-    held_by_tree: int
-
-
-class _Request:
-    def __init__(self, pages: RequestPages, plan: ReservationPlan, prefix: tuple[Segment, ...]):
-        self.pages = pages
-        self.plan = plan
-        self.prefix = prefix
-        self.reserved_left = plan.pages
-        self.chunk_ends: list[np.ndarray] = []
-        self.published_chunks = 0                     # chunks already handed to the tree
-        self.published_end = plan.prefix_slots.copy()  # slot end of the published chain, [V]
-
-    # reserved_left, taken int32 [V]: views of the arena slot of the request's pages
-    @property
-    def reserved_left(self) -> np.ndarray:
-        return self.pages.arena.reserved_left[self.pages.slot]
-
-    @reserved_left.setter
-    def reserved_left(self, value) -> None:
-        self.pages.arena.reserved_left[self.pages.slot] = value
-
-    @property
-    def taken(self) -> np.ndarray:
-        return self.pages.arena.taken[self.pages.slot]
-
-    @taken.setter
-    def taken(self, value) -> None:
-        self.pages.arena.taken[self.pages.slot] = value
-
-    @property
-    def prefill_done(self) -> bool:
-        return len(self.chunk_ends) == len(self.plan.chunk_tokens)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,7 +65,7 @@ class RaggedKVCache:
         self.beta = beta.ravel()
         self.pool = PagePool(spec.num_pages, spec.page_size)
         self.store = SegmentStore(self.pool, spec.page_size)
-        self.requests: dict[object, _Request] = {}
+        self.requests: dict[object, RequestRecord] = {}
         self.arena = PageArena(spec.num_virtual)
         self.last_shortfall = 0  # pages the last refused admit lacked (evict that many, in one pass)
         self._slots = BatchMemo()  # arena slots of the last decode batch; changed() at every release
@@ -166,7 +77,7 @@ class RaggedKVCache:
         spec = PoolSpec.from_profile(profile, page_size=page_size, num_pages=num_pages, dtype=dtype)
         return cls(spec, profile.select(ratio).group_budget)
 
-    def _req(self, rid) -> _Request:
+    def _req(self, rid) -> RequestRecord:
         if rid not in self.requests:
             raise PoolError(f"unknown request {rid!r} (never admitted, or already released)")
         return self.requests[rid]
@@ -197,12 +108,12 @@ class RaggedKVCache:
         pages.set_prefix(table, np.where(copy, npages - 1, npages), lens)
         self.pool.incref(pages.held())
         self.pool.fill[last[in_place]] = P
-        req = _Request(pages, plan, prefix)
+        req = RequestRecord(pages, plan, prefix)
         self.requests[rid] = req
         dst = self._take(req, copy.astype(np.int64))
         return Admission(plan=plan, copy_src=last[copy], copy_dst=dst.astype(np.int64))
 
-    def _take(self, req: _Request, counts: np.ndarray, unreserved_ok: bool = False) -> np.ndarray:
+    def _take(self, req: RequestRecord, counts: np.ndarray, unreserved_ok: bool = False) -> np.ndarray:
         """Take counts[v] pages for req (from its reservation first) and append them."""
         from_res = np.minimum(counts, req.reserved_left)
         if not unreserved_ok and np.any(from_res < counts):
@@ -263,8 +174,8 @@ class RaggedKVCache:
         """Where the next decode step of the batch at arena slots [B] opens pages."""
         P, V = self.spec.page_size, self.spec.num_virtual
         lens = self.arena.lens[slots]                            # [B, V]
-        opens = np.flatnonzero(_mod(lens, P) == 0)
-        b, v = _div_mod(opens, V)                               # ordered by request, then v
+        opens = np.flatnonzero(fast_mod(lens, P) == 0)
+        b, v = div_mod(opens, V)                               # ordered by request, then v
         return _StepPages(lens=lens, opens=opens, b=b, v=v, at=slots[b] * V + v)
 
     def decode_step(self, rids, *, locs: bool = True) -> DecodeStep | None:
@@ -296,7 +207,7 @@ class RaggedKVCache:
         A.reserved_left.reshape(-1).put(at, left - from_res)
         out = None
         if locs:
-            col, offset = _div_mod(lens, P)
+            col, offset = div_mod(lens, P)
             flat = (slots[:, None] * V + np.arange(V)[None, :]) * A.pages.shape[2] + col
             page = A.pages.reshape(-1).take(flat).astype(np.int64)
             out = (page * P + offset).reshape(len(slots), self.spec.num_layers, self.spec.num_groups)

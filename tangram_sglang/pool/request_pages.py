@@ -26,6 +26,18 @@ import numpy as np
 from tangram_sglang.pool.spec import PoolError
 
 
+def div_mod(x: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x // p, x % p); shifts and masks when p is a power of two (integer division is slow)."""
+    if p & (p - 1) == 0:
+        return x >> (p.bit_length() - 1), x & (p - 1)
+    return x // p, x % p
+
+
+def fast_mod(x: np.ndarray, p: int) -> np.ndarray:
+    """x % p; a mask when p is a power of two."""
+    return x & (p - 1) if p & (p - 1) == 0 else x % p
+
+
 def ragged_index(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For counts [V]: (row of each item, position of the item inside its row), both [sum(counts)].
 
@@ -104,6 +116,24 @@ class PageArena:
         self.free_slots = list(range(slots - 1, old_s - 1, -1)) + self.free_slots
 
 
+class ArenaField:
+    """A field of a PageArena seen through its owner's slot: ``owner.slot_pages()`` names the
+    RequestPages; reads and writes go to ``arena.<name>[slot]``, fresh on every access."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        pages = obj.slot_pages()
+        return getattr(pages.arena, self.name)[pages.slot]
+
+    def __set__(self, obj, value) -> None:
+        pages = obj.slot_pages()
+        getattr(pages.arena, self.name)[pages.slot] = value
+
+
 class RequestPages:
     def __init__(self, num_virtual: int, page_size: int, capacity: int = 4, arena: PageArena | None = None):
         self.page_size = page_size
@@ -111,25 +141,12 @@ class RequestPages:
         self.slot = self.arena.new_slot(max(1, capacity))
 
     # views of the arena's slot (fresh on every access: the arena may have grown)
-    @property
-    def pages(self) -> np.ndarray:
-        return self.arena.pages[self.slot]
+    pages = ArenaField()
+    npages = ArenaField()
+    lens = ArenaField()
 
-    @property
-    def npages(self) -> np.ndarray:
-        return self.arena.npages[self.slot]
-
-    @npages.setter
-    def npages(self, value) -> None:
-        self.arena.npages[self.slot] = value
-
-    @property
-    def lens(self) -> np.ndarray:
-        return self.arena.lens[self.slot]
-
-    @lens.setter
-    def lens(self, value) -> None:
-        self.arena.lens[self.slot] = value
+    def slot_pages(self) -> "RequestPages":
+        return self
 
     @property
     def num_virtual(self) -> int:

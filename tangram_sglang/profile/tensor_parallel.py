@@ -17,7 +17,7 @@ Worked example, one layer, H = 4, t = 2, H_p = 1, budgets [0.2, 0.9, 0.4, 0.5]:
   shards [[0, 1], [2, 3]] -> rank betas [0.2, 0.9] and [0.4, 0.5]
   sorted [0.2, 0.9], [0.4, 0.5] -> M = [0.4, 0.9]
   rank 0 keeps heads at [0.4, 0.9], rank 1 at [0.4, 0.9]: both 1.3 of a layer.
-The cost of TP (benchmarks/tp_memory.py) is the slots M adds over TP = 1.
+The cost of TP (benchmarks/modeled/tp_memory.py) is the slots M adds over TP = 1.
 """
 
 from __future__ import annotations

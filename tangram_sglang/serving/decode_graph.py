@@ -13,7 +13,7 @@ the largest captured batch, and the batch is padded to its bucket:
 
 The block tables themselves are DeviceBlockTables frozen at their largest size.
 DecodeGraph holds both for one served pool; the attention backend and the GPU
-check of benchmarks/gpu_decode.py drive it the same way.
+check of benchmarks/timing/gpu_decode.py drive it the same way.
 """
 
 from __future__ import annotations

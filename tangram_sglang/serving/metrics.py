@@ -47,11 +47,12 @@ class TangramGauges:
             (gauge.labels(**self.labels) if self.labels else gauge).set(float(info[key]))
 
 
-def report(reporter, serving, info: dict) -> None:
-    """Set the gauges from serving's pool_info(), if this scheduler exports metrics (else nothing)."""
+def report(reporter, gauges: "TangramGauges | None", info: dict) -> "TangramGauges | None":
+    """Set the gauges from the pool's info, if this scheduler exports metrics (else nothing);
+    returns the gauges (made at the first report)."""
     collector = getattr(reporter, "metrics_collector", None)
     if not getattr(reporter, "enable_metrics", False) or collector is None:
-        return
-    if serving.gauges is None:
-        serving.gauges = TangramGauges(collector.labels)
-    serving.gauges.update(info)
+        return gauges
+    gauges = gauges or TangramGauges(collector.labels)
+    gauges.update(info)
+    return gauges

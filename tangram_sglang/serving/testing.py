@@ -1,5 +1,5 @@
 """A small served pool for the decode-graph checks (tests/model/test_decode_graph.py on CPU through the
-backend's graph protocol, benchmarks/gpu_decode.py on a GPU with a real CUDA graph).
+backend's graph protocol, benchmarks/timing/gpu_decode.py on a GPU with a real CUDA graph).
 
 SmolLM2-135M's shape (30 layers, 9 query / 3 KV heads, d 64) with a shipped profile, five requests
 admitted and prefilled through the host control plane (24-token chunks), the pages filled with
@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from tangram_sglang.method.protection import Protection
+from tangram_sglang.serving.context import LoadedProfile
 from tangram_sglang.serving.runtime import TangramServing
 
 HQ, HKV, D, NUM_LAYERS = 9, 3, 64, 30
@@ -21,12 +22,12 @@ PROMPTS = {"a": (3, 30), "b": (1, 47), "c": (7, 5), "d": (2, 64), "e": (5, 33)} 
 STEPS = [["a", "b", "c"], ["d"], ["a", "b", "c", "d", "e"], ["e", "a"]]         # decode batches, in order
 
 
-def served_pool(profile_path: str, device, ratio: float = 0.25) -> TangramServing:
-    serving = TangramServing.load(profile_path, ratio)
+def served_pool(profile_path: str, device, ratio: float = 0.25, data_plane: str = "torch") -> TangramServing:
     shape = SimpleNamespace(num_hidden_layers=NUM_LAYERS, num_attention_heads=HQ, num_key_value_heads=HKV,
                             hidden_size=HQ * D, architectures=["LlamaForCausalLM"])
-    serving.build_pool(shape, stock_tokens=900, dtype=torch.float32, device=device, page_size=16, num_q_heads=HQ)
-    serving.chunk, serving.protection = 24, Protection(sinks=2, newest=6)
+    serving = TangramServing.build(LoadedProfile.load(profile_path, ratio), shape, stock_tokens=900,
+                                   dtype=torch.float32, device=device, page_size=16, num_q_heads=HQ,
+                                   data_plane=data_plane, chunk=24, protection=Protection(sinks=2, newest=6))
     for rid, (row, n) in PROMPTS.items():
         if not serving.admit(rid, prefix_chain=[], prefix_tokens=0, node=None, first=min(n, 24), total=n,
                              decode_tokens=8):

@@ -46,10 +46,8 @@ from tangram_sglang.attention import (
     write_decode_kv,
 )
 from tangram_sglang.attention.reconstruction import reconstruction_attention
-from tangram_sglang.serving.data_plane import choose_data_plane
 from tangram_sglang.serving.decode_graph import DecodeGraph
 from tangram_sglang.serving.reconstruction import ReconstructionPass, run_reconstruction
-from tangram_sglang.sglang.server_args import data_plane_request
 
 CPU_TILE = 256
 logger = logging.getLogger("tangram_sglang")
@@ -78,8 +76,9 @@ class TangramAttnBackend(AttentionBackend):
     def __init__(self, model_runner):
         super().__init__()
         self.serving = getattr(model_runner.token_to_kv_pool_allocator, "serving", None)
-        if self.serving is None or self.serving.cache is None:
+        if self.serving is None:
             raise RuntimeError("the tangram attention backend needs --tangram-profile")
+        self.context = self.serving.context
         self.device = model_runner.device
         self.runner = model_runner
         self.plan = None
@@ -88,7 +87,7 @@ class TangramAttnBackend(AttentionBackend):
         self.recon = ReconstructionPass()
         self.wrapped = False
         self.tile = CPU_TILE if str(self.device).startswith("cpu") else None
-        self.data_plane = choose_data_plane(data_plane_request(model_runner.server_args), self.device)
+        self.data_plane = self.context.data_plane   # chosen when the pool was sized (sglang/memory.py)
         self.kernels = self.data_plane in ("triton", "cuda")
         if self.kernels:
             from tangram_sglang.attention.triton_decode import ragged_decode_triton
@@ -100,7 +99,6 @@ class TangramAttnBackend(AttentionBackend):
 
             load_extension()   # compiled now, not in the first decode step
             self._decode_kernel = ragged_decode_cuda
-        self.serving.data_plane = self.data_plane
         self.graph: DecodeGraph | None = None
         self.graph_rids: list | None = None
 
@@ -147,9 +145,9 @@ class TangramAttnBackend(AttentionBackend):
         if mode.is_decode():
             self.plan = self.serving.decode_metadata(rids)
         elif mode.is_extend():
-            if self.serving.scorer.needs_hidden and not self.hooked:
+            if self.context.scorer.needs_hidden and not self.hooked:
                 self.hooked = hook_hidden_inputs(self.runner.model, self.hidden)
-            if self.serving.scorer.needs_reconstruction and not self.wrapped:
+            if self.context.scorer.needs_reconstruction and not self.wrapped:
                 self.wrapped = self._wrap_model_forward()
             self.recon.reset()
             ext = forward_batch.extend_seq_lens_cpu
@@ -180,12 +178,12 @@ class TangramAttnBackend(AttentionBackend):
         return True
 
     def _reconstruct_and_compress(self, model, forward_batch) -> None:
-        plan, scorer = self.plan, self.serving.scorer
+        plan, scorer = self.plan, self.context.scorer
         run_reconstruction(model, forward_batch, self.cu_seqlens, scorer.prefix_ids, self.recon,
                            max_positions=int(self.runner.model_config.context_len))
         k_pages, v_pages = self._pages()
         for lid, (q3, k3, v3) in sorted(self.recon.held.items()):
-            compress_and_write(q3, k3, v3, self.cu_seqlens, scorer, plan.states[lid], self.serving.metas[lid],
+            compress_and_write(q3, k3, v3, self.cu_seqlens, scorer, plan.states[lid], self.context.metas[lid],
                                plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect,
                                scores=self.recon.scores[lid], chunk_plan=plan.chunks[lid])
         self.recon.reset()
@@ -196,14 +194,14 @@ class TangramAttnBackend(AttentionBackend):
         k_pages, v_pages = self._pages()
         o, scores = reconstruction_attention(q3, k3, v3, self.recon.cu_rec, k_chunk, v_chunk, self.cu_seqlens,
                                              k_pages, v_pages, plan.block_table[lid], plan.seq_lens[lid],
-                                             self.serving.metas[lid], layer.scaling,
-                                             sinks=self.serving.scorer.sinks)
+                                             self.context.metas[lid], layer.scaling,
+                                             sinks=self.context.scorer.sinks)
         self.recon.scores[lid] = scores
         return o
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         lid, plan = layer.layer_id, self.plan
-        meta = self.serving.metas[lid]
+        meta = self.context.metas[lid]
         k_pages, v_pages = self._pages()
         q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         k3 = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
@@ -213,21 +211,21 @@ class TangramAttnBackend(AttentionBackend):
             return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
         if self.kernels:
             o = self._prefill_triton(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
-                                     plan.seq_lens[lid], meta, layer.scaling, split=self.serving.split_rows[lid])
+                                     plan.seq_lens[lid], meta, layer.scaling, split=self.context.split_rows[lid])
         else:
             o = ragged_prefill_chunk_torch(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
                                            plan.seq_lens[lid], meta, layer.scaling, fused=True)
-        if save_kv_cache and self.serving.scorer.needs_reconstruction:
+        if save_kv_cache and self.context.scorer.needs_reconstruction:
             self.recon.hold(lid, q3, k3, v3)  # compressed once the reconstruction pass has scored it
         elif save_kv_cache:
-            compress_and_write(q3, k3, v3, self.cu_seqlens, self.serving.scorer.for_layer(lid), plan.states[lid],
+            compress_and_write(q3, k3, v3, self.cu_seqlens, self.context.scorer.for_layer(lid), plan.states[lid],
                                meta, plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect,
                                hidden=self.hidden.pop(lid, None), chunk_plan=plan.chunks[lid])
         return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         lid, plan = layer.layer_id, self.plan
-        meta = self.serving.metas[lid]
+        meta = self.context.metas[lid]
         k_pages, v_pages = self._pages()
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         if save_kv_cache:
@@ -237,7 +235,7 @@ class TangramAttnBackend(AttentionBackend):
         decode = self._decode_kernel if self.kernels else ragged_decode_torch
         kw = {} if self.kernels else {"tile": self.tile}
         o = decode(q3, k_pages, v_pages, plan.block_table[lid], plan.seq_lens[lid], meta,
-                   self.serving.split_rows[lid], layer.scaling, rows=plan.rows, **kw)
+                   self.context.split_rows[lid], layer.scaling, rows=plan.rows, **kw)
         return o.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def support_triton(self):

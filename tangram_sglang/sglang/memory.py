@@ -6,7 +6,7 @@ KVCacheConfigurator (bound to the process's serving state by process.py) turn
 that into Tangram's pool:
 
 * ``_derive_pool_sizes``: the same bytes become ragged pages
-  (TangramServing.build_pool); SGLang's token count becomes a *logical* id
+  (TangramServing.build); SGLang's token count becomes a *logical* id
   space large enough for every token the pages can hold, so pages, not ids,
   are what limits admission.
 * ``_build_token_to_kv_pool``: SGLang's per-token K/V buffers shrink to one
@@ -40,7 +40,7 @@ class TangramAllocator(TokenToKVPoolAllocator):
                                              spec_algorithm=spec_algorithm):
             return False
         rids = [r.rid for r in (requests or ())]
-        return self.serving.ensure_decode_room(rids)
+        return self.serving.admission.ensure_decode_room(rids)
 
     def max_new_tokens_for_memory(self, input_tokens: int, max_new_tokens: int, *, token_capacity: int,
                                   sliding_window_size=None, chunk_size=None) -> int | None:
@@ -48,26 +48,33 @@ class TangramAllocator(TokenToKVPoolAllocator):
         request could ever generate with the whole ragged pool to itself (its prompt compressed),
         so decode never needs more than the pool. A prompt that can never fit is left to the
         arrival hook, which refuses it naming the pool (HTTP 400)."""
-        return self.serving.max_decode_tokens(int(input_tokens), int(max_new_tokens))
+        return self.serving.admission.max_decode_tokens(int(input_tokens), int(max_new_tokens))
 
 
-def derive_pool_sizes(serving, original, configurator, *args, **kwargs):
-    """AROUND KVCacheConfigurator._derive_pool_sizes (serving None: no profile, SGLang's own)."""
-    sizes = original(configurator, *args, **kwargs)
-    if serving is None:
-        return sizes
+def build_serving(loaded, configurator, stock_tokens: int):
+    """The serving state for the pool sized from stock SGLang's KV cache of stock_tokens tokens."""
+    from tangram_sglang.serving.data_plane import choose_data_plane
+    from tangram_sglang.serving.runtime import TangramServing
+    from tangram_sglang.sglang.server_args import data_plane_request
+
     mc = configurator.model_config
     tp_size, tp_rank = _tensor_parallel(configurator)
-    logical = serving.build_pool(mc.hf_config, stock_tokens=sizes.max_total_num_tokens,
-                                 dtype=configurator.kv_cache_dtype, device=configurator.device,
-                                 page_size=PAGE_SIZE, num_q_heads=mc.get_num_attention_heads(tp_size),
-                                 tp_size=tp_size, tp_rank=tp_rank)
-    spec = serving.spec
-    rank = f" (TP rank {tp_rank} of {tp_size}: its {serving.entry.budgets.shape[1]} KV heads)" if tp_size > 1 else ""
+    data_plane = choose_data_plane(data_plane_request(configurator.server_args), configurator.device)
+    serving = TangramServing.build(loaded, mc.hf_config, stock_tokens=stock_tokens,
+                                   dtype=configurator.kv_cache_dtype, device=configurator.device,
+                                   page_size=PAGE_SIZE, num_q_heads=mc.get_num_attention_heads(tp_size),
+                                   tp_size=tp_size, tp_rank=tp_rank, data_plane=data_plane)
+    spec, ctx = serving.spec, serving.context
+    rank = f" (TP rank {tp_rank} of {tp_size}: its {ctx.entry.budgets.shape[1]} KV heads)" if tp_size > 1 else ""
     logger.info("Tangram pool%s: %d pages of %d slots (%d B each, %.1f MiB) = the bytes of %d full-KV tokens; "
                 "%d virtual layers; logical token ids: %d", rank, spec.num_pages, spec.page_size, spec.page_size_bytes,
-                spec.pool_bytes / 2**20, sizes.max_total_num_tokens, spec.num_virtual, logical)
-    return msgspec.structs.replace(sizes, max_total_num_tokens=logical)
+                spec.pool_bytes / 2**20, stock_tokens, spec.num_virtual, ctx.logical_tokens)
+    return serving
+
+
+def logical_sizes(serving, sizes):
+    """SGLang's pool sizes with its token count replaced by the serving state's logical id space."""
+    return msgspec.structs.replace(sizes, max_total_num_tokens=serving.context.logical_tokens)
 
 
 def _tensor_parallel(configurator) -> tuple[int, int]:
@@ -81,6 +88,8 @@ def _tensor_parallel(configurator) -> tuple[int, int]:
 
 
 def build_token_to_kv_pool(serving, original, configurator, *args, sizes, **kwargs):
+    """AROUND KVCacheConfigurator._build_token_to_kv_pool: one page of SGLang's buffers (serving None:
+    no profile, SGLang's own)."""
     if serving is None:
         return original(configurator, *args, sizes=sizes, **kwargs)
     stub = msgspec.structs.replace(sizes, max_total_num_tokens=_STUB_TOKENS)
@@ -88,6 +97,7 @@ def build_token_to_kv_pool(serving, original, configurator, *args, sizes, **kwar
 
 
 def build_allocator(serving, original, configurator, *args, sizes, token_to_kv_pool, **kwargs):
+    """AROUND KVCacheConfigurator._build_token_to_kv_pool_allocator (serving None: SGLang's own)."""
     if serving is None:
         return original(configurator, *args, sizes=sizes, token_to_kv_pool=token_to_kv_pool, **kwargs)
     return TangramAllocator(sizes.max_total_num_tokens, dtype=configurator.kv_cache_dtype,

@@ -4,47 +4,52 @@ SGLang runs ``register()`` once in every process it starts; it makes one Tangram
 registers its bound methods (plugin.py's table), so every hook reaches this process's state
 through ``self`` instead of a module global or attributes set on SGLang's objects.
 
-In a scheduler process the serving state is made when Scheduler.__init__ starts (before SGLang
-sizes its memory pools) and handed to what SGLang builds next: the KV configurator's hooks size
-the ragged pool and make the allocator with it; the radix tree and the attention backend take it
-from the allocator (our own classes hold it as a field). Hooks on SGLang objects that reach the
-tree (the scheduler, the batch, the policy) read it there (``serving_of``).
+In a scheduler process: the profile is read when Scheduler.__init__ starts (``loaded``); the
+serving state is built whole when the KV configurator sizes stock SGLang's cache, and handed to
+what SGLang builds next (the allocator holds it; the radix tree and the attention backend take
+it from the allocator). SGLang's hooks on objects that reach the tree (the scheduler, the batch,
+the policy) read it there (``serving_of``); the reports below read it here.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 logger = logging.getLogger("tangram_sglang")
+
+INTEGRITY_ENV = "TANGRAM_INTEGRITY_CHECK"
+POOL_MODE = "ragged"
 
 
 class TangramProcess:
     def __init__(self):
-        self.serving = None        # TangramServing of this scheduler process (None: no profile)
-        self.runtime = None        # TangramRuntime: the profile summary /server_info reports
+        self.loaded = None         # LoadedProfile of this scheduler process (None: no profile)
+        self.serving = None        # TangramServing, once the pool is sized
+        self.tree = None           # SGLang's tree cache, once the scheduler is built
         self.peak_running = 0      # most requests SGLang ever decoded together (stock or Tangram)
         self.decode_reports = 0    # SGLang's decode log lines seen (the pool's line follows every Nth)
+        self.gauges = None         # serving.metrics.TangramGauges, at the first report with --enable-metrics
 
     # -- scheduler ------------------------------------------------------------------------------
     def scheduler_pre_init(self, scheduler, server_args, *args, **kwargs) -> None:
-        """BEFORE Scheduler.__init__: load the profile before SGLang builds its memory pools."""
-        from tangram_sglang.serving.runtime import TangramServing
+        """BEFORE Scheduler.__init__: read the profile before SGLang builds its memory pools."""
+        from tangram_sglang.serving.context import LoadedProfile
         from tangram_sglang.sglang.server_args import profile_request
 
         path, ratio = profile_request(server_args)
-        self.serving = TangramServing.load(path, ratio) if path is not None else None
+        self.loaded = LoadedProfile.load(path, ratio) if path is not None else None
 
     def scheduler_init(self, result, scheduler, *args, **kwargs) -> None:
         """AFTER Scheduler.__init__: report the profile (the pool checked it against the model's
         config when it was sized)."""
-        from tangram_sglang.sglang.runtime_state import TangramRuntime
-
-        serving = self.serving
-        if serving is None:
+        if self.serving is None:
             return
-        self.runtime = TangramRuntime(path=serving.path, profile=serving.profile, entry=serving.entry,
-                                      serving=serving)
-        self.runtime.log_summary()
+        self.tree = scheduler.tree_cache
+        i = self.info()
+        logger.info("Tangram profile %s: %s, method=%s, ratio=%s, H_p=%d, %d virtual layers, mean budget %.3f",
+                    i["profile"], i["model"], i["method"], i["ratio"], i["heads_per_group"], i["virtual_layers"],
+                    i["mean_budget"])
 
     def count_running(self, result, scheduler, *args, **kwargs):
         """AFTER Scheduler.update_running_batch: the most requests ever decoding together."""
@@ -55,7 +60,7 @@ class TangramProcess:
     def internal_state(self, result, controller, *args, **kwargs):
         """AFTER get_internal_state: the profile, the pool and the batch counters in /server_info."""
         scheduler = controller.scheduler
-        result.internal_state["tangram"] = self.runtime.info() if self.runtime is not None else None
+        result.internal_state["tangram"] = self.info() if self.serving is not None else None
         result.internal_state["batch_counters"] = {
             "running": len(scheduler.running_batch.reqs), "waiting": len(scheduler.waiting_queue),
             "peak_running": self.peak_running,
@@ -64,13 +69,18 @@ class TangramProcess:
         return result
 
     # -- KV memory (the configurator of the target model; a draft model keeps SGLang's pools) -----
-    def _serving_for(self, configurator):
-        return None if configurator.is_draft_worker else self.serving
-
     def derive_pool_sizes(self, original, configurator, *args, **kwargs):
+        """AROUND KVCacheConfigurator._derive_pool_sizes: the same bytes become ragged pages."""
         from tangram_sglang.sglang import memory
 
-        return memory.derive_pool_sizes(self._serving_for(configurator), original, configurator, *args, **kwargs)
+        sizes = original(configurator, *args, **kwargs)
+        if self.loaded is None or configurator.is_draft_worker:
+            return sizes
+        self.serving = memory.build_serving(self.loaded, configurator, sizes.max_total_num_tokens)
+        return memory.logical_sizes(self.serving, sizes)
+
+    def _serving_for(self, configurator):
+        return None if configurator.is_draft_worker else self.serving
 
     def build_token_to_kv_pool(self, original, configurator, *args, **kwargs):
         from tangram_sglang.sglang import memory
@@ -83,7 +93,38 @@ class TangramProcess:
 
         return memory.build_allocator(self._serving_for(configurator), original, configurator, *args, **kwargs)
 
-    # -- the pool's log line and gauges ---------------------------------------------------------
+    # -- reports: /server_info, the pool's log line and gauges ------------------------------------
+    def info(self) -> dict:
+        """JSON-able summary of the profile and the pool."""
+        ctx = self.serving.context
+        p, e = ctx.profile, ctx.entry
+        return {
+            "profile": ctx.path, "model": p.model.architecture, "method": p.calibration.method,
+            "ratio": e.ratio, "ratios": list(p.ratios), "heads_per_group": p.heads_per_group,
+            "grouping": p.grouping, "virtual_layers": int(p.model.num_layers * e.num_groups),
+            "mean_budget": float(e.budgets.mean()), "mean_group_budget": float(e.group_budget.mean()),
+            "pool": POOL_MODE, "pool_info": self.pool_info(check=True),
+        }
+
+    def pool_info(self, check: bool = False) -> dict:
+        """The pool's counters (O(running requests)) and, with check and TANGRAM_INTEGRITY_CHECK=1 in
+        the server's environment (the tests and benchmarks set it), the integrity check's result
+        (pool, tree and tables, O(pool))."""
+        from tangram_sglang.serving import observability
+
+        info = observability.pool_info(self.serving, self.tree)
+        if not check:
+            return info
+        if os.environ.get(INTEGRITY_ENV, "0") in ("", "0"):
+            info["integrity"] = f"not checked ({INTEGRITY_ENV}=1 checks it on every /server_info)"
+            return info
+        try:
+            observability.check_integrity(self.serving, self.tree)
+            info["integrity"] = "ok"
+        except Exception as exc:  # reported, not raised: /server_info must answer
+            info["integrity"] = f"{type(exc).__name__}: {exc}"
+        return info
+
     def log_prefill_pool(self, result, reporter, *args, **kwargs):
         """AFTER the prefill batch log line: the ragged pool's pages and the memory saved."""
         if self.serving is not None:
@@ -99,8 +140,8 @@ class TangramProcess:
         return result
 
     def _publish(self, reporter) -> None:
-        from tangram_sglang.serving.metrics import report
+        from tangram_sglang.serving import metrics, observability
 
-        info = self.serving.pool_info()  # once: the log line and the gauges read the same counters
-        logger.info(self.serving.log_line(info))
-        report(reporter, self.serving, info)
+        info = self.pool_info()  # once: the log line and the gauges read the same counters
+        logger.info(observability.log_line(info))
+        self.gauges = metrics.report(reporter, self.gauges, info)

@@ -62,7 +62,7 @@ class TangramRadixCache(RadixCache):
         self.serving = serving
         self.touched_order: tuple | None = None  # the waiting queue's head last touched (scheduling.py)
         super().__init__(params)
-        serving.tree = self
+        serving.admission.evict = self.evict_pages  # admission makes room through this tree's leaves
 
     # -- structure -------------------------------------------------------------------------------
     def reset(self):

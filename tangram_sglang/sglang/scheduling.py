@@ -133,7 +133,7 @@ def refuse_never_fitting(scheduler, req, *args, **kwargs):
     serving = serving_of(scheduler.tree_cache)
     if serving is None or req.finished():
         return
-    why = serving.never_fits(len(req.origin_input_ids))
+    why = serving.admission.never_fits(len(req.origin_input_ids))
     if why is not None:
         serving.counters.too_large += 1
         req.set_finish_with_abort(why)

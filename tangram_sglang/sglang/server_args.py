@@ -52,7 +52,7 @@ def serving_overrides(profile: TangramProfile | None, data_plane: str | None = "
     they see without it."""
     if profile is None:
         return {}
-    from tangram_sglang.serving.runtime import chunk_size_of
+    from tangram_sglang.serving.context import chunk_size_of
 
     out = {"attention_backend": "tangram", "radix_cache_backend": "tangram", "page_size": 1,
            "chunked_prefill_size": chunk_size_of(profile), "disable_prefill_cuda_graph": True,

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from tangram_sglang.calibrate import main
 from tangram_sglang.profile import load_profile

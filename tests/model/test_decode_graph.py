@@ -18,6 +18,7 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from tangram_sglang.pool.spec import PoolError
+from tangram_sglang.serving.observability import check_integrity
 from tangram_sglang.serving.testing import HKV, HQ, PROMPTS, STEPS, D, served_pool, step_inputs
 from tangram_sglang.sglang.backend import TangramAttnBackend
 from tangram_sglang.sglang.memory import TangramAllocator
@@ -31,7 +32,7 @@ NO_HOOK = 3               # this step runs without the runner hook: the backend 
 
 
 def served(graph: bool, plane: str = "triton"):
-    serving = served_pool(PROFILE, "cpu")
+    serving = served_pool(PROFILE, "cpu", data_plane=plane)
     alloc = TangramAllocator(1 << 16, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
     runner = SimpleNamespace(token_to_kv_pool_allocator=alloc, device="cpu", model=None,
                              server_args=SimpleNamespace(_tangram_data_plane=plane),
@@ -89,7 +90,7 @@ def capture(backend):
 
 def check_pools(eager, graph):
     for s in (eager, graph):
-        s.check_integrity()
+        check_integrity(s, None)
         s.tables.check_scratch()
     n = eager.data.scratch_page
     assert torch.equal(eager.data.k_pages[:n], graph.data.k_pages[:n])
@@ -103,7 +104,7 @@ def test_graph_replay_matches_eager_decode():
     captured = capture(graph)
     for step, rids in enumerate(STEPS):
         for s in (e_srv, g_srv):
-            assert s.ensure_decode_room(rids)   # SGLang's capacity check
+            assert s.admission.ensure_decode_room(rids)   # SGLang's capacity check
         eager.init_forward_metadata(decode_batch(rids))
         want = run_layers(eager, len(rids), seed=step)
         bs = min(b for b in BUCKETS if b >= len(rids))

@@ -7,7 +7,6 @@ import sglang
 
 from tangram_sglang.profile.uniform import main as write_uniform
 
-
 SAMPLING = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
 
 

@@ -17,7 +17,6 @@ import sglang
 
 from tangram_sglang.profile.uniform import main as write_uniform
 
-
 REPO_CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[2] / "configs"
 NEW_TOKENS = 12
 

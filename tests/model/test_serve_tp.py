@@ -14,7 +14,6 @@ from tangram_sglang.profile.builder import make_entry
 from tangram_sglang.profile.uniform import main as write_uniform
 from tangram_sglang.profile.uniform import uniform_profile
 
-
 SAMPLING = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
 
 

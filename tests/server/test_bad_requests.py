@@ -22,7 +22,6 @@ from served import essay_token_ids, flush, generate, get_status, log_tracebacks,
 
 from tangram_sglang.sglang.server_process import ServerProcess
 
-
 PORT = 31751
 PROFILE = str(pathlib.Path(__file__).resolve().parents[2] / "configs" / "smollm2-snapkv.yaml")
 

@@ -8,7 +8,6 @@ from served import generate, get_status
 
 from tangram_sglang.sglang.server_process import RouterProcess, ServerProcess, start_all
 
-
 PORT = 31771
 PROFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs", "smollm2-fastkvzip.yaml")
 SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"

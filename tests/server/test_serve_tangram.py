@@ -40,7 +40,6 @@ from served import (
 
 from tangram_sglang.sglang.server_process import ServerProcess
 
-
 PORT = 31741
 SOAK_PORT = 31742
 REPO = pathlib.Path(__file__).resolve().parents[2]

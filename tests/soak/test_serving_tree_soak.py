@@ -17,6 +17,8 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from transformers import LlamaConfig
 
 from tangram_sglang.method.protection import Protection
+from tangram_sglang.serving.context import LoadedProfile
+from tangram_sglang.serving.observability import check_integrity
 from tangram_sglang.serving.runtime import TangramServing
 from tangram_sglang.sglang.memory import TangramAllocator
 from tangram_sglang.sglang.radix import TangramRadixCache
@@ -64,15 +66,13 @@ class FakeReq:
 
 
 def build(stock_tokens=700, chunk=24, seed=0):
-    serving = TangramServing.load(str(PROFILE), 0.25)
     cfg = LlamaConfig(vocab_size=64, hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
                       num_hidden_layers=30, intermediate_size=64, architectures=["LlamaForCausalLM"])
-    logical = serving.build_pool(cfg, stock_tokens=stock_tokens, dtype=torch.float32, device="cpu",
-                                 page_size=16, num_q_heads=9)
-    serving.chunk = chunk
-    serving.protection = Protection(sinks=2, newest=6)  # to scale with the 24-token chunks
+    serving = TangramServing.build(LoadedProfile.load(str(PROFILE), 0.25), cfg, stock_tokens=stock_tokens,
+                                   dtype=torch.float32, device="cpu", page_size=16, num_q_heads=9, chunk=chunk,
+                                   protection=Protection(sinks=2, newest=6))  # to scale with the 24-token chunks
     rows = Row(64)
-    alloc = TangramAllocator(logical, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
+    alloc = TangramAllocator(serving.context.logical_tokens, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
     tree = TangramRadixCache(CacheInitParams(disable=False, req_to_token_pool=rows,
                                              token_to_kv_pool_allocator=alloc, page_size=1), serving)
     return serving, tree, alloc, rows
@@ -132,7 +132,7 @@ class Driver:
             else:
                 self.tree.checkpoint(req, up_to=req.kv_len)  # Scheduler.stash_chunked_request
             return
-        if not self.serving.ensure_decode_room([req.rid]):
+        if not self.serving.admission.ensure_decode_room([req.rid]):
             self.release(req, checkpoint=False)
             self.stats["retracted"] += 1
             return
@@ -162,7 +162,7 @@ class Driver:
 
     # -- checks -----------------------------------------------------------------------------------
     def check(self):
-        self.serving.check_integrity()
+        check_integrity(self.serving, self.tree)
         own = sum(max(r.kv_len, len(r.prompt)) - r.kv.cache_protected_len for r in self.running.values())
         assert self.alloc.available_size() + self.tree.total_tokens() + own == self.alloc.size
         assert set(self.serving.requests) == set(self.running)
@@ -264,7 +264,7 @@ def test_decode_estimate_larger_than_the_pool_is_capped_not_fatal():
     with pytest.raises(RequestTooLargeError):
         serving.admit("huge", prefix_chain=[], prefix_tokens=0, node=root, first=24, total=10**6,
                       decode_tokens=1)
-    serving.check_integrity()
+    check_integrity(serving, tree)
     assert serving.cache.pool.num_free == serving.spec.num_pages and not serving.requests
 
 

@@ -13,7 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 PAGES = [README] + DOCS
-GENERATOR = REPO / "benchmarks" / "report_tables.py"
+GENERATOR = REPO / "benchmarks" / "common" / "report_tables.py"
 PATH_ROOTS = ("tangram_sglang/", "benchmarks/", "configs/", "launch/", "docs/", "cuda/")
 
 
@@ -61,7 +61,7 @@ def test_readme_is_short():
 def test_generated_tables_are_current():
     out = subprocess.run([sys.executable, str(GENERATOR), "--check"], cwd=REPO, capture_output=True, text=True,
                          timeout=60)
-    assert out.returncode == 0, "run .venv/bin/python benchmarks/report_tables.py\n" + out.stdout + out.stderr
+    assert out.returncode == 0, "run .venv/bin/python -m benchmarks.common.report_tables\n" + out.stdout + out.stderr
 
 
 def test_generator_is_light_and_fast():

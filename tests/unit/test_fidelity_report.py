@@ -1,12 +1,6 @@
 """The fidelity report's paired comparisons: which rows it pairs, what it counts, the sign test."""
 
-import os
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-from fidelity_report import comparisons, paired, paired_lines, sign_test  # noqa: E402
+from benchmarks.fidelity.paired import comparisons, paired, paired_lines, sign_test
 
 
 def _row(setting, ratio, kept, outcomes, method="snapkv"):

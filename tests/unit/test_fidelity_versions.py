@@ -1,12 +1,10 @@
 """The fidelity benchmark's code versions: what each setting's recorded answers depend on."""
 
 import os
-import sys
+
+import benchmarks.fidelity as fidelity
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-import fidelity  # noqa: E402
 
 PROFILE = os.path.join(ROOT, "configs", "smollm2-fastkvzip.yaml")
 
@@ -35,7 +33,7 @@ def test_latest_row_of_equivalent_versions_answers_never_over_a_row_run_at_that_
     then reads the last full run), and a row run at a version is never replaced by an alias."""
     import json
 
-    from fidelity import RunStore
+    from benchmarks.fidelity import RunStore
 
     (tmp_path / "fidelity_versions.json").write_text(json.dumps(
         {"B": {"same_as": "A"}, "C": {"same_as": "B"}, "D": {"same_as": "C"}}))
@@ -54,7 +52,7 @@ def test_setting_tags_name_the_oracle_they_run():
 
 
 def test_position_chunking_cuts_the_final_prompt_by_position():
-    from fidelity_tasks import Conversation
+    from benchmarks.fidelity.tasks import Conversation
 
     conv = Conversation(id="c", kind="passkey", turns=[[1] * 300, [1] * 700, [1] * 1100], expect=[], history_len=1000)
     assert fidelity.chunk_schedule(conv) == [300, 400, 400]       # as served: each turn's new tokens

@@ -84,6 +84,11 @@ def test_sglang_is_named_only_in_its_folder():
     assert not offenders, offenders
 
 
+def test_no_module_over_400_lines():
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > 400}
+    assert not long, long
+
+
 def test_package_top_is_a_few_entry_points():
     top = [p.name for p in PACKAGE.glob("*.py")]
     assert len(top) <= 8, top

@@ -1,14 +1,9 @@
 """The memory benchmark's byte model agrees with the allocator and orders the methods as it should."""
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
-
-from memory_reclaim import multi_turn, request_bytes  # noqa: E402
+from benchmarks.modeled.memory_reclaim import multi_turn, request_bytes
 
 
 @pytest.mark.parametrize("page_size", [1, 3, 16])

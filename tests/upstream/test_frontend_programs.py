@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 from sglang.test import test_programs as programs
 
-
 PROGRAMS = ["few_shot_qa", "mt_bench", "select", "decode_int", "decode_json_regex", "decode_json",
             "expert_answer", "tool_use", "react", "parallel_decoding", "stream",
             "regex", "dtype_gen", "gen_min_new_tokens"]

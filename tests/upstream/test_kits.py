@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import unittest
 
-import pytest
 from conftest import TARGET  # noqa: E402
 from sglang.test.kits.abort_timeout_kit import AbortAllMixin
 from sglang.test.kits.basic_api_contract_kit import BasicAPIContractMixin
@@ -21,7 +20,6 @@ from sglang.test.kits.json_mode_kit import JSONModeMixin
 from sglang.test.kits.matched_stop_kit import MatchedStopMixin
 from sglang.test.kits.prefix_cache_branching_kit import PrefixCacheBranchingMixin
 from sglang.test.kits.regex_constrained_kit import RegexConstrainedMixin
-
 
 
 class TestAPIContract(BasicAPIContractMixin, unittest.TestCase):

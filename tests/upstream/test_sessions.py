@@ -10,9 +10,7 @@ On the 1.0 profile the session answers exactly what the same tokens sent without
 
 from __future__ import annotations
 
-import pytest
 import requests
-
 
 SP = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 

@@ -14,8 +14,9 @@ the run the server's /server_info gives batch_counters.peak_running (the most re
 together) and, for Tangram, pool_info (pages, bytes saved, integrity). Exits non-zero if any request
 fails or returns the wrong number of tokens, or if the Tangram pool integrity is not "ok".
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/concurrency.py --sessions 16 --max-total-tokens 6144 --ratios 0.25 0.5
-    # writes benchmarks/results/concurrency.{json,md}
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.serving.concurrency --sessions 16 --max-total-tokens 6144 \
+        --ratios 0.25 0.5
+    # writes benchmarks/results/serving/concurrency.{json,md}
 
 A session's turn k reuses its history only while that history is still in the radix tree, so the
 turns-per-second ratio depends on how many sessions' histories the pool holds: report it with the
@@ -32,28 +33,20 @@ import sys
 import threading
 import time
 import urllib.error
-import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "launch"))
-
-from tangram_sglang.sglang.server_process import ServerProcess  # noqa: E402
+from benchmarks.common.client import generate, get_json, server_state
+from benchmarks.common.corpus import repo_texts
+from benchmarks.common.log import logger
+from benchmarks.common.models import ensure_model
+from benchmarks.common.paths import ROOT, result_path
+from benchmarks.common.results import write_json, write_markdown
+from benchmarks.common.stamp import stamp
+from tangram_sglang.sglang.server_process import ServerProcess
 
 os.environ.setdefault("TANGRAM_INTEGRITY_CHECK", "1")  # the servers started here check their pool on /server_info
 
 CORPUS = ["README.md", "configs/CALIBRATION.md", "configs/reference-regularity.md"]
-
-
-def log(msg: str) -> None:
-    print(f"[concurrency {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def http_json(url: str, payload: dict | None = None, timeout: float = 1800) -> dict:
-    data = json.dumps(payload).encode() if payload is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+log = logger("concurrency")
 
 
 class Workload:
@@ -64,9 +57,8 @@ class Workload:
 
         tok = AutoTokenizer.from_pretrained(model_path)
         self.corpus: list[int] = []
-        for name in CORPUS:
-            with open(os.path.join(ROOT, name)) as f:
-                self.corpus += tok.encode(f.read(), add_special_tokens=False)
+        for text in repo_texts(CORPUS):
+            self.corpus += tok.encode(text, add_special_tokens=False)
         # ChatML pieces (SmolLM2's and Qwen2.5's template); the system turn is the template's own.
         system = tok.apply_chat_template([{"role": "user", "content": "X"}], tokenize=False,
                                          add_generation_prompt=True).split("<|im_start|>user")[0]
@@ -106,10 +98,6 @@ def run_sessions(url: str, wl: Workload, max_new: int, poll_s: float) -> dict:
     samples: list[dict] = []
     stop = threading.Event()
 
-    def generate(ids: list[int]) -> dict:
-        return http_json(url + "/generate", {"input_ids": ids, "sampling_params": {
-            "temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}})
-
     def session(i: int) -> None:
         r = results[i]
         try:
@@ -119,7 +107,7 @@ def run_sessions(url: str, wl: Workload, max_new: int, poll_s: float) -> dict:
                 if turn > 1:
                     ids = wl.next_turn(i, ids, got, turn)
                 t0 = time.perf_counter()
-                out = generate(ids)
+                out = generate(url, ids, max_new, ignore_eos=True, timeout=1800)
                 dt = time.perf_counter() - t0
                 got = list(out.get("output_ids") or [])
                 meta = out.get("meta_info", {})
@@ -138,7 +126,7 @@ def run_sessions(url: str, wl: Workload, max_new: int, poll_s: float) -> dict:
         t_start = time.perf_counter()
         while not stop.wait(poll_s):
             try:
-                st = http_json(url + "/server_info", timeout=60)["internal_states"][0]
+                st = server_state(url)
             except Exception:  # noqa: BLE001 - a missed sample is fine
                 continue
             s = dict(t=round(time.perf_counter() - t_start, 1), **st.get("batch_counters", {}))
@@ -199,7 +187,7 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
     t_launch = time.perf_counter()
     with ServerProcess(model_path, port=port, profile=profile, extra_args=extra) as srv:
         log(f"[{name}] server ready in {time.perf_counter() - t_launch:.0f} s; log {srv.log_path}")
-        info0 = http_json(srv.url + "/server_info", timeout=60)
+        info0 = get_json(srv.url + "/server_info")
         served_T = info0.get("max_total_num_tokens")
         if ratio is None and served_T is not None and served_T != total_tokens:
             raise SystemExit(f"[{name}] server reports max_total_num_tokens={served_T}, asked "
@@ -207,7 +195,7 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
         log(f"[{name}] running {len(wl.turn1)} sessions x {wl.turns} turns")
         run = run_sessions(srv.url, wl, args.max_new_tokens, args.poll)
         log(f"[{name}] done in {run['wall_s']:.1f} s, {len(run['errors'])} errors; reading /server_info")
-        st = http_json(srv.url + "/server_info", timeout=120)["internal_states"][0]
+        st = server_state(srv.url, timeout=120)
         findings = log_findings(srv.log_path)
     counters = st.get("batch_counters", {})
     tangram = st.get("tangram") or {}
@@ -250,8 +238,7 @@ def later_reuse(mode: dict) -> tuple[int, int]:
 
 def fmt_md(res: dict) -> str:
     a = res["args"]
-    lines = [f"Command: `{res['command']}`", "",
-             f"Workload: {a['sessions']} sessions started together, {a.get('turns', 2)} turns each over /generate "
+    lines = [f"Workload: {a['sessions']} sessions started together, {a.get('turns', 2)} turns each over /generate "
              f"(input_ids), each turn sent when the previous answer arrives: turn 1 = {a['prompt_tokens']}-token "
              f"prompt (repo docs, a different offset per session), turn k = turn k-1 + its output + "
              f"{a['new_tokens']} new tokens (+ chat markers); {a['max_new_tokens']} tokens "
@@ -294,7 +281,7 @@ def fmt_md(res: dict) -> str:
               "the waiting turns' histories are touched head of the queue last (stock: on one scheduling pass in "
               "32; Tangram: on every pass where the queue changed), so a server that holds more sessions' "
               "histories re-prefills less (the shared system prompt is what every server keeps)."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv=None) -> int:
@@ -314,11 +301,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tangram-port", type=int, default=31812)
     ap.add_argument("--poll", type=float, default=2.0, help="seconds between /server_info samples (0: none)")
     ap.add_argument("--no-stock", action="store_true", help="skip the stock server (debugging only)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "concurrency.json"))
+    ap.add_argument("--out", default=result_path("serving", "concurrency.json"))
     args = ap.parse_args(argv)
-
-    from models import ensure_model
-
+    run_stamp = stamp(argv)
     model_path = ensure_model(args.model)
     t_all = time.perf_counter()
     log(f"tokenizing the workload: {args.sessions} sessions, {args.prompt_tokens}-token prompts")
@@ -338,8 +323,7 @@ def main(argv=None) -> int:
             modes.append(run_mode(f"tangram-{method}@{ratio}", model_path, args.tangram_port, args, wl, ratio,
                                   total))
 
-    res = dict(command="python benchmarks/concurrency.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               args=vars(args), model_path=model_path, full_kv_token_bytes=full_kv_token_bytes(model_path),
+    res = dict(args=vars(args), model_path=model_path, full_kv_token_bytes=full_kv_token_bytes(model_path),
                total_s=round(time.perf_counter() - t_all, 1), modes=modes)
     problems = []
     for m in modes:
@@ -359,12 +343,10 @@ def main(argv=None) -> int:
         if m["ratio"] is not None and stock and stock["peak_running"]:
             log(f"T={m['max_total_tokens']} {m['mode']}: {m['peak_running']} concurrent sessions vs stock "
                 f"{stock['peak_running']}, turns/s {turns_per_s(m) / turns_per_s(stock):.2f}x stock")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    write_json(args.out, res, run_stamp)
     if not args.no_stock:
-        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-            f.write(fmt_md(res))
+        title = f"Concurrency: {args.sessions} sessions x {args.turns} turns at the same KV bytes"
+        write_markdown(os.path.splitext(args.out)[0] + ".md", title, fmt_md(res), run_stamp)
     log(f"wrote {args.out} ({res['total_s']} s in all)")
     if problems:
         for p in problems:

@@ -14,26 +14,25 @@ Multi-turn table: T turns of U new tokens + D generated, the whole history cache
 pages held with this package's dense layout (prefix tail extended in place, or copied when a
 branch already wrote there) against fresh pages per segment (every chunk starts a new page).
 
-    .venv/bin/python benchmarks/memory_reclaim.py            # writes benchmarks/results/memory_*.{md,json,png}
-    .venv/bin/python benchmarks/memory_reclaim.py --quick    # one reference profile, for a smoke run
+    .venv/bin/python -m benchmarks.modeled.memory_reclaim          # -> benchmarks/results/modeled/memory_reclaim.*
+    .venv/bin/python -m benchmarks.modeled.memory_reclaim --quick  # one reference profile, for a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tangram_sglang.method.grouping import group_budgets, group_heads  # noqa: E402
-from tangram_sglang.pool import PoolSpec, RaggedKVCache, chunk_slot_counts, plan_reservation  # noqa: E402
-from tangram_sglang.profile import reference_import  # noqa: E402
+from benchmarks.common.paths import RESULTS, ROOT
+from benchmarks.common.results import write_json, write_markdown
+from benchmarks.common.stamp import stamp
+from tangram_sglang.method.grouping import group_budgets, group_heads
+from tangram_sglang.pool import PoolSpec, RaggedKVCache, chunk_slot_counts, plan_reservation
+from tangram_sglang.profile import reference_import
 
 HP_SWEEP, P_SWEEP = (1, 2, 4, 8), (1, 16, 64)
 ITEMSIZE = 2  # bf16 / fp16 KV, as served on GPU
@@ -42,8 +41,7 @@ ITEMSIZE = 2  # bf16 / fp16 KV, as served on GPU
 def load_profiles(ratio: float, quick: bool) -> list[dict]:
     """[{name, budgets [L, H], head_dim}] : configs/smollm2-*.yaml (if present) + reference profiles."""
     out = []
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for path in sorted(glob.glob(os.path.join(root, "configs", "smollm2-*.yaml"))):
+    for path in sorted(glob.glob(os.path.join(ROOT, "configs", "smollm2-*.yaml"))):
         from tangram_sglang.profile import load_profile
 
         prof = load_profile(path)
@@ -140,7 +138,7 @@ def sweep(profiles, args) -> list[dict]:
     return rows
 
 
-def fmt_tables(rows, mt_rows, args) -> str:
+def fmt_tables(rows, mt_rows, args) -> list[str]:
     ratio = args.ratio
     lines = [f"Workload: {args.tokens} prompt tokens in chunks of {args.chunk}, {args.decode} generated, "
              f"target ratio {ratio}, fp16 KV. Reclaim = share of the full cache freed.", ""]
@@ -184,7 +182,7 @@ def fmt_tables(rows, mt_rows, args) -> str:
         o = m["overhead"]
         lines.append(f"| {m['profile']} | {m['hp']} | {m['page_size']} | {o['dense_in_place']:.2%} | "
                      f"{o['dense_copy']:.2%} | {o['fresh_page_per_segment']:.2%} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot(rows, path):
@@ -219,8 +217,9 @@ def main(argv=None):
     ap.add_argument("--turn-tokens", type=int, default=1000)
     ap.add_argument("--measure-p1", action="store_true", help="also run P=1 through the allocator (slow)")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--out", default=os.path.join(RESULTS, "modeled"), help="folder of the results files")
     args = ap.parse_args(argv)
+    run_stamp = stamp(argv)
     t0 = time.perf_counter()
     profiles = load_profiles(args.ratio, args.quick)
     rows = sweep(profiles, args)
@@ -232,14 +231,11 @@ def main(argv=None):
                 mt_rows.append(dict(profile=prof["name"], hp=hp, page_size=page_size,
                                     overhead=multi_turn(prof["budgets"], hp, page_size, args.turns,
                                                         args.turn_tokens, args.chunk, args.decode)))
-    text = fmt_tables(rows, mt_rows, args)
-    os.makedirs(args.out, exist_ok=True)
-    suffix = "_quick" if args.quick else ""
-    with open(os.path.join(args.out, f"memory_reclaim{suffix}.md"), "w") as f:
-        f.write(f"Command: `.venv/bin/python benchmarks/memory_reclaim.py{' --quick' if args.quick else ''}`\n\n" + text)
-    with open(os.path.join(args.out, f"memory_reclaim{suffix}.json"), "w") as f:
-        json.dump(dict(args=vars(args), rows=rows, multi_turn=mt_rows), f, indent=1)
-    plot(rows, os.path.join(args.out, f"memory_reclaim{suffix}.png"))
+    stem = os.path.join(args.out, "memory_reclaim" + ("_quick" if args.quick else ""))
+    text = write_markdown(stem + ".md", "KV memory reclaimed by ragged paging", fmt_tables(rows, mt_rows, args),
+                          run_stamp)
+    write_json(stem + ".json", dict(args=vars(args), rows=rows, multi_turn=mt_rows), run_stamp)
+    plot(rows, stem + ".png")
     if not any(p["name"].startswith("smollm2") for p in profiles):
         print("note: no configs/smollm2-*.yaml yet; reference profiles only")
     print(text)

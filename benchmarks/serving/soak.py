@@ -11,70 +11,31 @@ refused with a clear error (400): anything else is counted as failed.
 After the run: the server's log has no traceback, ``/server_info`` says the pool's integrity
 holds, and after ``/flush_cache`` no page is left used or reserved.
 
-    .venv/bin/python benchmarks/soak.py               # writes benchmarks/results/soak.{md,json}
-    .venv/bin/python benchmarks/soak.py --sessions 24 # a quick run
+    .venv/bin/python -m benchmarks.serving.soak               # writes benchmarks/results/serving/soak.{md,json}
+    .venv/bin/python -m benchmarks.serving.soak --sessions 24 # a quick run
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import random
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tangram_sglang.sglang.server_process import ServerProcess  # noqa: E402
+from benchmarks.common.client import call, log_tracebacks, pool_info, stream_and_hang_up
+from benchmarks.common.corpus import essay_token_ids
+from benchmarks.common.models import ensure_model
+from benchmarks.common.paths import ROOT, result_path
+from benchmarks.common.results import write_json, write_markdown
+from benchmarks.common.stamp import stamp
+from tangram_sglang.sglang.server_process import ServerProcess
 
 os.environ.setdefault("TANGRAM_INTEGRITY_CHECK", "1")  # the servers started here check their pool on /server_info
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
 PORT = 31881
-
-
-def request(port: int, path: str, payload: dict, timeout: float = 1800) -> tuple[int, dict | str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("POST", path, body=json.dumps(payload), headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        body = resp.read().decode()
-        try:
-            return resp.status, json.loads(body)
-        except json.JSONDecodeError:
-            return resp.status, body
-    except (OSError, http.client.HTTPException) as e:
-        return -1, str(e)
-    finally:
-        conn.close()
-
-
-def hang_up(port: int, payload: dict, chunks: int) -> None:
-    """Stream and close the connection after `chunks` data lines: SGLang aborts the request."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    try:
-        conn.request("POST", "/generate", body=json.dumps({**payload, "stream": True}),
-                     headers={"Content-Type": "application/json"})
-        resp, got = conn.getresponse(), 0
-        while got < chunks:
-            line = resp.readline()
-            if not line:
-                break
-            got += line.startswith(b"data:")
-    finally:
-        conn.close()
-
-
-def pool_info(url: str) -> dict:
-    with urllib.request.urlopen(url + "/server_info", timeout=60) as r:
-        return json.loads(r.read())["internal_states"][0]["tangram"]["pool_info"]
 
 
 class Tally:
@@ -88,7 +49,7 @@ class Tally:
                 self.errors[error[:120]] = self.errors.get(error[:120], 0) + 1
 
 
-def session(seed: int, essay: list[int], tally: Tally, port: int) -> None:
+def session(seed: int, essay: list[int], tally: Tally, url: str) -> None:
     rng = random.Random(seed)
     pos = rng.randrange(0, len(essay) - 3000)
     hist = essay[pos:pos + rng.randint(40, 500)]
@@ -100,20 +61,21 @@ def session(seed: int, essay: list[int], tally: Tally, port: int) -> None:
             tally.add("abandoned")
             return
         if x < 0.18:
-            hang_up(port, {"input_ids": hist, "sampling_params": {**sp, "max_new_tokens": 200}}, rng.randint(0, 4))
+            stream_and_hang_up(url, {"input_ids": hist, "sampling_params": {**sp, "max_new_tokens": 200}},
+                               rng.randint(0, 4))
             tally.add("hung_up")
             return
         if x < 0.28:
             rid = f"soak-{seed}-{rng.randrange(1 << 30)}"
-            threading.Timer(rng.uniform(0.05, 2.0), request, (port, "/abort_request", {"rid": rid})).start()
-            status, body = request(port, "/generate", {"input_ids": hist, "rid": rid, "sampling_params": sp})
+            threading.Timer(rng.uniform(0.05, 2.0), call, (url + "/abort_request", {"rid": rid})).start()
+            status, body = call(url + "/generate", {"input_ids": hist, "rid": rid, "sampling_params": sp})
             kind = body["meta_info"]["finish_reason"]["type"] if status == 200 else None
             tally.add("aborted" if kind == "abort" or status in (400, 503) else "answered" if status == 200
                       else "failed", None if status in (200, 400, 503) else f"{status}: {body}")
             return
         if x < 0.40:  # a long answer: decode outgrows the pool, SGLang retracts and requeues
             sp = {"temperature": 0, "max_new_tokens": rng.randint(300, 700), "ignore_eos": True}
-        status, body = request(port, "/generate", {"input_ids": hist, "sampling_params": sp})
+        status, body = call(url + "/generate", {"input_ids": hist, "sampling_params": sp})
         if status == 200:
             tally.add("answered")
             add = essay[pos:pos + rng.randint(10, 120)]
@@ -136,16 +98,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="soak")
     args = ap.parse_args()
-    sys.path.insert(0, os.path.join(REPO, "launch"))
-    from models import ensure_model
+    run_stamp = stamp()
     from transformers import AutoTokenizer
-
-    sys.path.insert(0, os.path.join(REPO, "tests"))
-    from served import essay_token_ids
 
     model = ensure_model("smollm2")
     essay = essay_token_ids(AutoTokenizer.from_pretrained(model))
-    srv = ServerProcess(model, port=PORT, profile=os.path.join(REPO, "configs", "smollm2-snapkv.yaml"),
+    srv = ServerProcess(model, port=PORT, profile=os.path.join(ROOT, "configs", "smollm2-snapkv.yaml"),
                         extra_args=["--tangram-ratio", str(args.ratio), "--max-total-tokens",
                                     str(args.max_total_tokens)], log_path=f"/tmp/tangram-soak-{PORT}.log")
     tally, t0 = Tally(), time.time()
@@ -155,7 +113,7 @@ def main() -> None:
         done = [0]
 
         def run(seed):
-            session(seed, essay, tally, PORT)
+            session(seed, essay, tally, srv.url)
             with tally.lock:
                 done[0] += 1
                 if done[0] % 20 == 0:
@@ -165,26 +123,23 @@ def main() -> None:
             list(ex.map(run, seeds))
         time.sleep(2)
         info = pool_info(srv.url)
-        request(PORT, "/flush_cache", {})
+        call(srv.url + "/flush_cache", {})
         time.sleep(1)
         after = pool_info(srv.url)
-        healthy = request(PORT, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}})[0] == 200
-    with open(srv.log_path, errors="replace") as f:
-        tracebacks = sum("Traceback" in line for line in f)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
+        healthy = call(srv.url + "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}})[0] == 200
+    tracebacks = log_tracebacks(srv.log_path)
     row = {"sessions": args.sessions, "seconds": round(time.time() - t0), **tally.counts,
            "errors": tally.errors, "tracebacks": tracebacks, "healthy_after": healthy,
            "integrity_before_flush": info["integrity"], "integrity_after_flush": after["integrity"],
            "pages_used_after_flush": after["pages_used"], "pages_reserved_after_flush": after["pages_reserved"],
            **{k: info[k] for k in ("admitted", "waited", "retracted", "evicted_segments", "capped", "too_large",
-                                   "peak_admitted", "peak_pages_used", "pages_total")}, "commit": commit}
+                                   "peak_admitted", "peak_pages_used", "pages_total")}}
     print(json.dumps(row, indent=1))
     keys = ["answered", "aborted", "hung_up", "abandoned", "refused", "failed"]
-    lines = [f"# Soak: {args.sessions} multi-turn sessions, {args.workers} at a time, on a small pool "
+    title = (f"Soak: {args.sessions} multi-turn sessions, {args.workers} at a time, on a small pool "
              f"(SmolLM2-135M, snapkv {args.ratio}, --max-total-tokens {args.max_total_tokens} = "
-             f"{info['pages_total']} pages)", "",
-             "| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys),
+             f"{info['pages_total']} pages)")
+    lines = ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys),
              "| " + " | ".join(str(row.get(k, 0)) for k in keys) + " |", "",
              "| tracebacks | integrity (before / after flush) | pages used / reserved after flush | admitted | "
              "waited | retracted | evicted segments | capped | peak admitted | peak pages |",
@@ -192,13 +147,9 @@ def main() -> None:
              f"| {tracebacks} | {info['integrity']} / {after['integrity']} | {after['pages_used']} / "
              f"{after['pages_reserved']} | {info['admitted']} | {info['waited']} | {info['retracted']} | "
              f"{info['evicted_segments']} | {info['capped']} | {info['peak_admitted']} | {info['peak_pages_used']} |",
-             "", f"Errors: {tally.errors or 'none'}", "",
-             f"{row['seconds']} s. Code at {commit}: `.venv/bin/python benchmarks/soak.py --sessions {args.sessions}`", ""]
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, f"{args.name}.md"), "w") as f:
-        f.write("\n".join(lines))
-    with open(os.path.join(RESULTS, f"{args.name}.json"), "w") as f:
-        json.dump({"args": vars(args), "result": row}, f, indent=1)
+             "", f"Errors: {tally.errors or 'none'}", "", f"{row['seconds']} s."]
+    write_markdown(result_path("serving", f"{args.name}.md"), title, lines, run_stamp)
+    write_json(result_path("serving", f"{args.name}.json"), {"args": vars(args), "result": row}, run_stamp)
 
 
 if __name__ == "__main__":

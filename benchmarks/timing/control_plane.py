@@ -19,7 +19,8 @@ the B requests), then release. Per virtual layer v the budget beta_v is drawn in
 Times are host (CPU) microseconds per request, best of --repeat, measured in one run so the
 columns compare; ratios are to `tangram`.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/control_plane.py     # -> benchmarks/results/control_plane.{md,json}
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.timing.control_plane
+    # -> benchmarks/results/timing/control_plane.{md,json}
 
 ``--decode-step`` measures one decode step of a running batch instead (B requests holding
 --contexts tokens each), host microseconds per step:
@@ -34,24 +35,24 @@ columns compare; ratios are to `tangram`.
   sglang           SGLang's own per-step metadata on the host: PagedTokenToKVPoolAllocator
                    alloc_decode, the req_to_token write, seq_lens and kv_indptr
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/control_plane.py --decode-step   # -> control_plane_decode.{md,json}
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.timing.control_plane --decode-step
+    # -> benchmarks/results/timing/control_plane_decode.{md,json}
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tangram_sglang.method.budgets import keep_count  # noqa: E402
-from tangram_sglang.pool import PagePool, PoolSpec, RaggedKVCache, RequestPages, plan_reservation  # noqa: E402
-from tangram_sglang.pool.request_pages import ragged_index  # noqa: E402
+from benchmarks.common.paths import RESULTS
+from benchmarks.common.results import write_json, write_markdown
+from benchmarks.common.stamp import stamp
+from tangram_sglang.method.budgets import keep_count
+from tangram_sglang.pool import PagePool, PoolSpec, RaggedKVCache, RequestPages, plan_reservation
+from tangram_sglang.pool.request_pages import ragged_index
 
 
 def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
@@ -224,7 +225,7 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
     resolve = list              # rows == rids here; called only when the batch changes
     t_host, t_dev, t_check = [], [], []
     for _ in range(steps):
-        tc = time.perf_counter()  # SGLang's capacity check (TangramServing.ensure_decode_room, no tree)
+        tc = time.perf_counter()  # SGLang's capacity check (AdmissionControl.ensure_decode_room, no tree)
         assert cache.reserve_decode_step(rids) == 0
         t_check.append(time.perf_counter() - tc)
         t0 = time.perf_counter()
@@ -265,7 +266,7 @@ def run_sglang_steps(sg, P, batch, context, steps):
     return min(times), float(np.median(times))
 
 
-def decode_step_main(args, sg):
+def decode_step_main(args, sg, run_stamp: dict):
     rng = np.random.default_rng(0)
     P, B = args.page_size, args.batch
     rows = []
@@ -284,10 +285,7 @@ def decode_step_main(args, sg):
                 print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
     cols = [c for c in ("rebuild", "host", "device_tables", "sglang", "host_median", "check_median",
                                   "host_and_check_median", "sglang_median") if c in rows[0]]
-    lines = ["Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/control_plane.py --decode-step "
-             f"--batch {B} --layers {' '.join(map(str, args.layers))} --groups {' '.join(map(str, args.groups))} "
-             f"--contexts {' '.join(map(str, args.contexts))}`", "",
-             f"Host microseconds per decode step (best of {args.steps} steps; `_median` columns: the median "
+    lines = [f"Host microseconds per decode step (best of {args.steps} steps; `_median` columns: the median "
              f"step), batch {B} (contexts spread over [context - 511, context] so pages open at different "
              f"steps), P={P}, budgets uniform in [0.05, 1]; in brackets: time / sglang (medians to SGLang's "
              "median). `host` is what the served step costs the host now (the batch's rows, the "
@@ -302,13 +300,9 @@ def decode_step_main(args, sg):
             return f"{r[c]:.0f}" + (f" ({r[c] / base:.2f}x)" if base and not c.startswith("sglang") else "")
         cells = [cell(c) for c in cols]
         lines.append(f"| {r['L']} | {r['G']} | {r['context']} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "control_plane_decode.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "control_plane_decode.json"), "w") as f:
-        json.dump(dict(args=vars(args), rows=rows), f, indent=1)
-    print(text)
+    write_json(os.path.join(args.out, "control_plane_decode.json"), dict(args=vars(args), rows=rows), run_stamp)
+    print(write_markdown(os.path.join(args.out, "control_plane_decode.md"), "Host control plane per decode step",
+                         lines, run_stamp))
 
 
 def best(fn, repeat):
@@ -331,10 +325,11 @@ def main(argv=None):
     ap.add_argument("--decode-step", action="store_true", help="per decode step of a running batch (see above)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[2048, 32768], help="--decode-step: tokens per request")
     ap.add_argument("--steps", type=int, default=64, help="--decode-step: steps timed (best and median reported)")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--out", default=os.path.join(RESULTS, "timing"), help="folder of the results files")
     args = ap.parse_args(argv)
+    run_stamp = stamp(argv)
     if args.decode_step:
-        return decode_step_main(args, load_sglang())
+        return decode_step_main(args, load_sglang(), run_stamp)
     chunks = [args.chunk] * (args.tokens // args.chunk) + ([args.tokens % args.chunk] if args.tokens % args.chunk else [])
     sg = load_sglang()
     rng = np.random.default_rng(0)
@@ -355,8 +350,7 @@ def main(argv=None):
             rows.append(row)
             print({k: (tuple(round(x) for x in v) if isinstance(v, tuple) else v) for k, v in row.items()}, flush=True)
     cols = [c for c in ("tangram", "tangram_tables", "compress_reclaim", "per_v_loop", "sglang_paged") if c in rows[0]]
-    lines = [f"Command: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/control_plane.py`", "",
-             f"Host microseconds per request (best of {args.repeat}); batch {B}, {args.tokens} prompt tokens in "
+    lines = [f"Host microseconds per request (best of {args.repeat}); batch {B}, {args.tokens} prompt tokens in "
              f"chunks of {args.chunk}, {D} decode steps (batched), P={P}. In brackets: time / tangram.", ""]
     for phase, idx in (("Prefill phase: admission + allocation of every chunk", 0),
                        ("Whole request: admission + prefill + decode + release", 1)):
@@ -368,13 +362,9 @@ def main(argv=None):
         lines.append("")
     if sg is None:
         lines += ["", "sglang_paged: skipped, SGLang's allocator did not import here."]
-    text = "\n".join(lines) + "\n"
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "control_plane.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "control_plane.json"), "w") as f:
-        json.dump(dict(args=vars(args), rows=rows), f, indent=1)
-    print(text)
+    write_json(os.path.join(args.out, "control_plane.json"), dict(args=vars(args), rows=rows), run_stamp)
+    print(write_markdown(os.path.join(args.out, "control_plane.md"), "Host control plane per request", lines,
+                         run_stamp))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ Reported per setting: wall time and turns per second (same machine, one run: com
 turn-2+ reuse (cached / prompt tokens of turns 2+), requests each replica admitted
 (its pool's counter), and every turn's answer length (a wrong count fails the run).
 
-    .venv/bin/python benchmarks/replicas.py --sessions 16 --turns 4 --out benchmarks/results/replicas
+    .venv/bin/python -m benchmarks.serving.replicas --sessions 16 --turns 4
+    # -> benchmarks/results/serving/replicas.{md,json}
 """
 
 from __future__ import annotations
@@ -22,40 +23,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common.client import generate, pool_info
+from benchmarks.common.corpus import repo_texts
+from benchmarks.common.log import logger
+from benchmarks.common.paths import ROOT, result_path
+from benchmarks.common.results import write_json, write_markdown
+from benchmarks.common.stamp import stamp
+from tangram_sglang.sglang.server_process import RouterProcess, ServerProcess, start_all
 
-from tangram_sglang.sglang.server_process import RouterProcess, ServerProcess, start_all  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = ("README.md",)
-
-
-def log(msg: str) -> None:
-    print(f"[replicas {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def post(url: str, payload: dict, timeout: float = 1800) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=60) as r:
-        return json.loads(r.read())
+log = logger("replicas")
 
 
 def user_messages(sessions: int, turns: int, words: int) -> list[list[str]]:
     """Each session's user messages: consecutive slices of the docs (distinct per session)."""
-    text = []
-    for name in CORPUS:
-        with open(os.path.join(ROOT, name)) as f:
-            text += f.read().split()
+    text = [word for t in repo_texts(CORPUS) for word in t.split()]
     need = sessions * turns * words
     text = (text * (need // max(1, len(text)) + 1))[:need]
     return [[" ".join(text[(s * turns + t) * words:(s * turns + t + 1) * words]) for t in range(turns)]
@@ -74,8 +59,7 @@ def replay(url: str, messages: list[list[str]], concurrency: int, max_new: int) 
         history, out = system, []
         for t, msg in enumerate(messages[s]):
             prompt = chatml(history, msg)
-            r = post(url + "/generate", {"text": prompt, "sampling_params": {
-                "temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}})
+            r = generate(url, prompt, max_new, ignore_eos=True, timeout=1800)
             m = r["meta_info"]
             if m["completion_tokens"] != max_new:
                 raise RuntimeError(f"session {s} turn {t + 1}: {m['completion_tokens']} tokens, expected {max_new}")
@@ -90,8 +74,7 @@ def replay(url: str, messages: list[list[str]], concurrency: int, max_new: int) 
 
 
 def admitted(url: str) -> int:
-    info = get(url + "/server_info")["internal_states"][0]["tangram"]["pool_info"]
-    return int(info["admitted"])
+    return int(pool_info(url)["admitted"])
 
 
 def summarize(name: str, run: dict, replica_load: list[int]) -> dict:
@@ -129,9 +112,7 @@ def run_setting(name: str, args, messages) -> dict:
 
 def report(rows: list[dict], args) -> list[str]:
     base = next((r for r in rows if r["setting"] == "single"), None)
-    lines = [f"`.venv/bin/python benchmarks/replicas.py --sessions {args.sessions} --turns {args.turns} "
-             f"--concurrency {args.concurrency} --max-total-tokens {args.max_total_tokens}`", "",
-             f"{args.sessions} sessions x {args.turns} turns ({args.words} words per user message, "
+    lines = [f"{args.sessions} sessions x {args.turns} turns ({args.words} words per user message, "
              f"{args.max_new_tokens} tokens per answer, {args.concurrency} sessions at a time), "
              f"profile {os.path.relpath(args.profile, ROOT)} at ratio {args.ratio}; replicas of {args.max_total_tokens} stock KV tokens' "
              f"bytes each, single server {2 * args.max_total_tokens}. Wall times from one run on a shared machine: "
@@ -159,23 +140,22 @@ def main(argv=None) -> None:
     ap.add_argument("--max-total-tokens", type=int, default=4096)
     ap.add_argument("--settings", nargs="+", default=["cache_aware", "round_robin", "single"])
     ap.add_argument("--port", type=int, default=31800)
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results/replicas"))
-    ap.add_argument("--report-only", action="store_true", help="rewrite the table from --out.json")
+    ap.add_argument("--out", default=result_path("serving", "replicas"), help="writes OUT.md and OUT.json")
+    ap.add_argument("--report-only", action="store_true", help="rewrite OUT.md from OUT.json (and its stamp)")
     args = ap.parse_args(argv)
+    title = "Replicas behind sglang-router against one server of the same KV bytes"
     if args.report_only:
         with open(args.out + ".json") as f:
-            rows = json.load(f)["rows"]
-        with open(args.out + ".md", "w") as f:
-            f.write("\n".join(report(rows, args)) + "\n")
+            recorded = json.load(f)
+        if "stamp" not in recorded:
+            raise SystemExit(f"{args.out}.json has no stamp (it predates them): its .md stays as written")
+        write_markdown(args.out + ".md", title, report(recorded["rows"], args), recorded["stamp"])
         return
+    run_stamp = stamp(argv)
     messages = user_messages(args.sessions, args.turns, args.words)
     rows = [run_setting(name, args, messages) for name in args.settings]
-    lines = report(rows, args)
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(args.out + ".json", "w") as f:
-        json.dump({"args": vars(args), "rows": rows}, f, indent=1)
-    print("\n".join(lines))
+    write_json(args.out + ".json", {"args": vars(args), "rows": rows}, run_stamp)
+    print(write_markdown(args.out + ".md", title, report(rows, args), run_stamp))
 
 
 if __name__ == "__main__":

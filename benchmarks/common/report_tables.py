@@ -1,13 +1,14 @@
-"""Tables of measured results, generated from the JSON files in benchmarks/results/.
+"""Tables of measured results, generated from the JSON files in benchmarks/results/<kind>/.
 
-    .venv/bin/python benchmarks/report_tables.py          # rewrite every generated table
-    .venv/bin/python benchmarks/report_tables.py --check  # exit 1 with a diff if any is stale
+    .venv/bin/python -m benchmarks.common.report_tables          # rewrite every generated table
+    .venv/bin/python -m benchmarks.common.report_tables --check  # exit 1 with a diff if any is stale
 
 Writes README.md's key-results table (between ``<!-- results:begin -->`` and ``<!-- results:end -->``),
-benchmarks/results/README.md (an index of every results file) and the tables of docs/results.md
+benchmarks/results/README.md (an index of every results file, by kind) and the tables of docs/results.md
 (between ``<!-- results:NAME:begin -->`` and ``<!-- results:NAME:end -->``); text outside the markers
-is left alone. Standard library only (json, math, pathlib, argparse): launch/chat.py loads this file
-and calls ``recommended()`` for the demo's ratio and the figures it prints.
+is left alone. Standard library only (json, math, pathlib, argparse) and no import of the benchmarks
+package: launch/chat.py and tests/unit/test_docs.py load this file by path, and chat.py calls
+``recommended()`` for the demo's ratio and the figures it prints.
 """
 
 from __future__ import annotations
@@ -17,17 +18,18 @@ import json
 import math
 import pathlib
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 WITHIN_POINTS = 5  # a recommended ratio answers within this many points of full KV
 
 # Shipped models: the profile a user should serve and the results files that measured it.
 SHIPPED = {
     "smollm2": dict(name="SmolLM2-135M-Instruct", folder="SmolLM2", profile="configs/smollm2-fastkvzip.yaml",
-                    fidelity="fidelity_fastkvzip.json", throughput="concurrency_multiturn_r04.json"),
+                    fidelity="fidelity/fidelity_fastkvzip.json", throughput="serving/concurrency_multiturn_r04.json"),
     "qwen2.5-0.5b": dict(name="Qwen2.5-0.5B", folder="Qwen2.5-Coder-0.5B",
-                         profile="configs/qwen2.5-0.5b-fastkvzip.yaml", fidelity="fidelity_qwen_fastkvzip.json",
-                         throughput="concurrency_multiturn_qwen.json"),
+                         profile="configs/qwen2.5-0.5b-fastkvzip.yaml",
+                         fidelity="fidelity/fidelity_qwen_fastkvzip.json",
+                         throughput="serving/concurrency_multiturn_qwen.json"),
 }
 SCORERS = {"snapkv": "SnapKV", "fastkvzip": "FastKVzip gate", "kvzip": "KVzip", "keydiff": "KeyDiff",
            "expected_attention": "Expected Attention", "ea": "Expected Attention", "adakv-snapkv": "AdaKV-SnapKV"}
@@ -40,7 +42,15 @@ def scorer_name(profile_stem: str) -> str:
 
 
 def load(name: str):
+    """A results file by its path under benchmarks/results/ (``kind/file.json``)."""
     return json.loads((RESULTS / name).read_text())
+
+
+def rows_of(name: str) -> list[dict]:
+    """The rows of a results file that is a table: ``{"stamp": ..., "rows": [...]}``, or a bare list of rows
+    (files written before stamps)."""
+    data = load(name)
+    return data["rows"] if isinstance(data, dict) else data
 
 
 def table(header: list[str], rows: list[list]) -> list[str]:
@@ -91,14 +101,14 @@ def setting_label(setting: str) -> str:
 
 
 def fidelity_rows(name: str, setting: str) -> dict[float, dict]:
-    return {r["ratio"]: r for r in load(name) if r["setting"].split("[")[0] == setting}
+    return {r["ratio"]: r for r in rows_of(name) if r["setting"].split("[")[0] == setting}
 
 
 def fidelity_table(name: str, keep=None) -> list[str]:
     """The rows of one fidelity file; ``keep`` (base setting names) drops rows another table shows."""
     rows = [[setting_label(r["setting"]), f"{r['ratio']:g}", pct(r["kept_share"]), answered(r),
              f"{r['retrieval_correct']}/{r['retrieval_n']}", f"{r['replay_agree']}/{r['replay_n']}",
-             f"{r['degenerate']}/{r['n']}", pct(r["saved_vs_full_kv"])] for r in load(name)
+             f"{r['degenerate']}/{r['n']}", pct(r["saved_vs_full_kv"])] for r in rows_of(name)
             if keep is None or r["setting"].split("[")[0] in keep]
     return table(["setting", "ratio", "kept share", "answered right [95% CI]", "retrieval", "replay agreement",
                   "degenerate", "pool saved"], rows)
@@ -166,7 +176,7 @@ def throughput_cell(name: str) -> tuple[str, str, str, str]:
 
 
 def concurrency_table() -> list[str]:
-    ps = pairs("concurrency.json")
+    ps = pairs("serving/concurrency.json")
     s = ps[0][0]
     rows = [["stock SGLang", f"{s['pool_bytes'] / 2**20:.0f}", s["peak_running"], "1.00x", "-", pct(later_reuse(s)),
              "1.00"]]
@@ -178,7 +188,7 @@ def concurrency_table() -> list[str]:
 
 
 def replicas_table() -> list[str]:
-    d = load("replicas.json")
+    d = load("serving/replicas.json")
     single = next(r for r in d["rows"] if r["setting"] == "single")
     names = {"cache_aware": "router, cache-aware, 2 replicas", "round_robin": "router, round-robin, 2 replicas",
              "single": "one server, twice the KV bytes"}
@@ -203,13 +213,13 @@ def pressure_table() -> list[str]:
              f"{r['tokens_generated']:,}",
              r.get("retracted", "-"), r["tracebacks"],
              f"{r['integrity']}, {r['pages_left_after_flush']}" if "integrity" in r else "-"]
-            for r in load("pressure.json")["rows"]]
+            for r in load("serving/pressure.json")["rows"]]
     return table(["server (same KV bytes)", "completed", "capped", "refused (400)", "failed", "tokens generated",
                   "retracted, requeued", "tracebacks", "integrity, pages left after flush"], rows)
 
 
 def soak_table() -> list[str]:
-    r = load("soak.json")["result"]
+    r = load("serving/soak.json")["result"]
     return table(["answered", "aborted", "hung up", "abandoned", "refused", "failed", "tracebacks",
                   "integrity before / after flush", "pages used / reserved after flush", "retracted",
                   "evicted segments", "admissions that waited", "minutes"],
@@ -237,7 +247,7 @@ def per_run_ratios(rows: list[dict], key: str) -> list[list[float]]:
 
 
 def prefill_table() -> list[str]:
-    d = load("prefill_cost.json")
+    d = load("timing/prefill_cost.json")
     ratios = per_run_ratios(d["rows"], "times_s")
     return table(["server", "median s per prefill", "vs stock, median per prompt", "range per prompt"],
                  [[server_label(r, d["ratio"]), f"{r['median_s']:.2f}", times(r["vs_stock"]), spread(q) if i else "-"]
@@ -245,7 +255,7 @@ def prefill_table() -> list[str]:
 
 
 def decode_step_table() -> list[str]:
-    d = load("decode_step.json")
+    d = load("timing/decode_step.json")
     ratios = per_run_ratios(d["rows"], "steps_ms")
     return table(["server", "median ms per step", "vs stock, median per repetition", "range"],
                  [[server_label(r, None), f"{r['step_ms']:.0f}", times(r["vs_stock"]), spread(q) if i else "-"]
@@ -255,13 +265,13 @@ def decode_step_table() -> list[str]:
 def cpu_decode_table() -> list[str]:
     rows = [[r["config"].replace("x", " x "), f"{r['method']} {r['ratio']:g}", f"{r['kv_read_tile']:.2f}",
              f"{r['torch_native_ms']:.1f}", f"{r['tangram_tile_ms']:.1f}",
-             times(r["torch_native_ms"] / r["tangram_tile_ms"])] for r in load("cpu_decode.json")["rows"]]
+             times(r["torch_native_ms"] / r["tangram_tile_ms"])] for r in load("timing/cpu_decode.json")["rows"]]
     return table(["batch x context", "profile", "KV read", "torch_native ms", "Tangram ms", "speed-up"], rows)
 
 
 def control_plane_table() -> list[str]:
     rows = [[r["L"], r["G"], f"{r['tangram'][0]:,.0f}", f"{r['compress_reclaim'][0]:,.0f}",
-             f"{r['sglang_paged'][0]:,.0f}"] for r in load("control_plane.json")["rows"]]
+             f"{r['sglang_paged'][0]:,.0f}"] for r in load("timing/control_plane.json")["rows"]]
     return table(["layers", "groups", "exact reservation", "compress-then-reclaim", "SGLang's token allocator"],
                  rows)
 
@@ -271,13 +281,13 @@ def control_decode_table() -> list[str]:
              f"{r['check_median']:.0f}",
              f"{r['host_and_check_median']:.0f} ({times(r['host_and_check_median'] / r['sglang_median'])})",
              f"{r['device_tables']:.0f}", f"{r['sglang']:.0f} / {r['sglang_median']:.0f}"]
-            for r in load("control_plane_decode.json")["rows"]]
+            for r in load("timing/control_plane_decode.json")["rows"]]
     return table(["context", "tables rebuilt on the host", "step, best / median", "capacity check, median",
                   "step + check, median (vs SGLang)", "device-table ops (CPU here)", "SGLang, best / median"], rows)
 
 
 def load_balance_table() -> list[str]:
-    rows = load("load_balance.json")["rows"]
+    rows = load("modeled/load_balance.json")["rows"]
     loads = [(1, "same"), (16, "same"), (16, "mixed")]
     out = []
     for key, label in [("uniform", "uniform splits (FlashDecoding)"), ("planned", "per-step planning (FlashInfer)"),
@@ -290,7 +300,7 @@ def load_balance_table() -> list[str]:
 
 
 def reclaim_rows() -> list[dict]:
-    return [r for r in load("memory_reclaim.json")["rows"] if r["hp_asked"] == 4 and r["page_size"] == 16]
+    return [r for r in load("modeled/memory_reclaim.json")["rows"] if r["hp_asked"] == 4 and r["page_size"] == 16]
 
 
 def reclaim_table() -> list[str]:
@@ -303,14 +313,14 @@ def reclaim_table() -> list[str]:
 
 
 def tp_table() -> list[str]:
-    rows, keys = load("tp_memory.json"), []
-    for r in rows:
+    table_rows, keys = rows_of("modeled/tp_memory.json"), []
+    for r in table_rows:
         k = (r["model"], r["scorer"], r["H_p"])
         if r["ratio"] == 0.25 and k not in keys:
             keys.append(k)
     out = []
     for model, scorer, hp in keys:
-        mine = {r["tp_size"]: r for r in rows if (r["model"], r["scorer"], r["H_p"], r["ratio"]) ==
+        mine = {r["tp_size"]: r for r in table_rows if (r["model"], r["scorer"], r["H_p"], r["ratio"]) ==
                 (model, scorer, hp, 0.25)}
         tp1 = next(iter(mine.values()))["tp1"]
         out.append([f"{model}, {SCORERS.get(scorer, scorer)}", hp, f"{100 * tp1:.1f}%"] +
@@ -321,6 +331,12 @@ def tp_table() -> list[str]:
 
 # ---------------------------------------------------------------- README's key results
 
+def link(name: str) -> str:
+    """README's link to the Markdown beside a results file: [stem](benchmarks/results/kind/stem.md)."""
+    stem = name.rsplit(".", 1)[0]
+    return f"[{stem.rsplit('/', 1)[-1]}](benchmarks/results/{stem}.md)"
+
+
 def key_results() -> list[str]:
     rows = []
     for key in SHIPPED:
@@ -330,39 +346,39 @@ def key_results() -> list[str]:
                      f"**{answered(rec['served'])}**; {pct(rec['served']['kept_share'])} of the history kept, "
                      f"{pct(rec['served']['saved_vs_full_kv'])} of the pool saved",
                      f"full KV {answered(rec['full'])}{uni}",
-                     f"[{rec['fidelity'][:-5]}](benchmarks/results/{rec['fidelity'][:-5]}.md)"])
+                     link(rec["fidelity"])])
     for key, spec in SHIPPED.items():
         sizes, gain, base, label = throughput_cell(spec["throughput"])
         rows.append([f"Multi-turn turns/s at the same KV bytes, {spec['name']}, {label}, pools of {sizes} "
                      f"full-KV tokens (one run each)", gain, base,
-                     f"[{spec['throughput'][:-5]}](benchmarks/results/{spec['throughput'][:-5]}.md)"])
-    p = {r["setting"]: r for r in load("pressure.json")["rows"]}
+                     link(spec["throughput"])])
+    p = {r["setting"]: r for r in load("serving/pressure.json")["rows"]}
     st = p.pop("stock SGLang")
     tg = "; ".join(f"{pressure_label(k)}: {r['completed']} completed, {r['capped']} capped, {r['refused']} refused, "
                    f"{r['failed']} failed" for k, r in p.items())
-    a = load("pressure.json")["args"]
+    a = load("serving/pressure.json")["args"]
     rows.append([f"Memory pressure: {a['requests']} requests, {a['workers']} at a time, a "
                  f"{a['max_total_tokens']:,}-token pool", tg,
                  f"stock: {st['completed']} completed, {st['capped']} capped, {st['refused']} refused, "
-                 f"{st['failed']} failed", f"[pressure](benchmarks/results/pressure.md)"])
-    s = load("soak.json")
+                 f"{st['failed']} failed", link("serving/pressure.json")])
+    s = load("serving/soak.json")
     r = s["result"]
     rows.append([f"Soak: {r['sessions']} sessions, {s['args']['workers']} at a time, with aborts and hang-ups",
                  f"{r['answered']} answered, {len(r['errors'])} failed, {r['tracebacks']} tracebacks, integrity "
                  f"{r['integrity_after_flush']}, {r['pages_used_after_flush']} pages left after flush", "-",
-                 f"[soak](benchmarks/results/soak.md)"])
-    d = load("prefill_cost.json")
+                 link("serving/soak.json")])
+    d = load("timing/prefill_cost.json")
     gate = next(x for x, q in zip(d["rows"], per_run_ratios(d["rows"], "times_s")) if "fastkvzip" in
                 str(x["profile"]))
     q = per_run_ratios(d["rows"], "times_s")[d["rows"].index(gate)]
     rows.append([f"Prefill of {d['prompt_tokens']:,}-token prompts, {server_label(gate, d['ratio'])}",
                  f"{times(gate['vs_stock'])} stock's time (median of {len(q)} prompts, {spread(q)})", "stock 1.00x",
-                 f"[prefill_cost](benchmarks/results/prefill_cost.md)"])
-    d = load("decode_step.json")
+                 link("timing/prefill_cost.json")])
+    d = load("timing/decode_step.json")
     q = per_run_ratios(d["rows"], "steps_ms")
     rows.append([f"Decode step, batch {d['batch']} x {d['context']:,} tokens, {server_label(d['rows'][-1], None)}",
                  f"{times(d['rows'][-1]['vs_stock'])} stock's time (median of {d['reps']}, {spread(q[-1])})",
-                 "stock 1.00x", f"[decode_step](benchmarks/results/decode_step.md)"])
+                 "stock 1.00x", link("timing/decode_step.json")])
     return table(["result (CPU, float32)", "Tangram", "baseline", "file"], rows)
 
 
@@ -370,18 +386,18 @@ def key_results() -> list[str]:
 
 NOT_FULL_OR_KVZIP = {"tangram", "dynamic", "uniform", "kvpress-snapkv"}  # those two are in the FastKVzip table
 DOC_BLOCKS = {
-    "fidelity-smollm2-fastkvzip": lambda: fidelity_table("fidelity_fastkvzip.json"),
-    "fidelity-smollm2-kvzip": lambda: fidelity_table("fidelity_kvzip.json", {"tangram"}),
-    "fidelity-smollm2-layer-scope": lambda: fidelity_table("fidelity_fastkvzip_layer_scope.json",
+    "fidelity-smollm2-fastkvzip": lambda: fidelity_table("fidelity/fidelity_fastkvzip.json"),
+    "fidelity-smollm2-kvzip": lambda: fidelity_table("fidelity/fidelity_kvzip.json", {"tangram"}),
+    "fidelity-smollm2-layer-scope": lambda: fidelity_table("fidelity/fidelity_fastkvzip_layer_scope.json",
                                                            {"tangram", "dynamic"}),
-    "fidelity-smollm2-snapkv": lambda: fidelity_table("fidelity.json", NOT_FULL_OR_KVZIP),
-    "fidelity-qwen-fastkvzip": lambda: fidelity_table("fidelity_qwen_fastkvzip.json"),
-    "fidelity-qwen-kvzip": lambda: fidelity_table("fidelity_qwen_kvzip.json", {"tangram"}),
-    "fidelity-qwen-snapkv": lambda: fidelity_table("fidelity_qwen.json", NOT_FULL_OR_KVZIP),
-    "fidelity-position": lambda: fidelity_table("fidelity_position.json", {"static~position"}),
-    "fidelity-quick": lambda: fidelity_table("fidelity_quick.json"),
-    "throughput-smollm2": lambda: throughput_table("concurrency_multiturn_r04.json"),
-    "throughput-qwen": lambda: throughput_table("concurrency_multiturn_qwen.json"),
+    "fidelity-smollm2-snapkv": lambda: fidelity_table("fidelity/fidelity.json", NOT_FULL_OR_KVZIP),
+    "fidelity-qwen-fastkvzip": lambda: fidelity_table("fidelity/fidelity_qwen_fastkvzip.json"),
+    "fidelity-qwen-kvzip": lambda: fidelity_table("fidelity/fidelity_qwen_kvzip.json", {"tangram"}),
+    "fidelity-qwen-snapkv": lambda: fidelity_table("fidelity/fidelity_qwen.json", NOT_FULL_OR_KVZIP),
+    "fidelity-position": lambda: fidelity_table("fidelity/fidelity_position.json", {"static~position"}),
+    "fidelity-quick": lambda: fidelity_table("fidelity/fidelity_quick.json"),
+    "throughput-smollm2": lambda: throughput_table("serving/concurrency_multiturn_r04.json"),
+    "throughput-qwen": lambda: throughput_table("serving/concurrency_multiturn_qwen.json"),
     "concurrency": concurrency_table,
     "replicas": replicas_table,
     "pressure": pressure_table,
@@ -400,9 +416,9 @@ DOC_BLOCKS = {
 # ---------------------------------------------------------------- benchmarks/results/README.md
 
 def fidelity_headline(name: str) -> str:
-    rows = load(name)
-    full = next(r for r in rows if r["setting"] == "full")
-    served = [r for r in rows if r["setting"].split("[")[0] in ("tangram", "static~position")]
+    table_rows = rows_of(name)
+    full = next(r for r in table_rows if r["setting"] == "full")
+    served = [r for r in table_rows if r["setting"].split("[")[0] in ("tangram", "static~position")]
     return f"full KV {answered(full, False)}; " + "; ".join(
         f"{setting_label(r['setting'])} {r['ratio']:g}: {answered(r, False)} ({pct(r['kept_share'])} kept)"
         for r in served)
@@ -421,27 +437,27 @@ def reclaim_headline() -> str:
 
 
 def soak_headline() -> str:
-    r = load("soak.json")["result"]
+    r = load("serving/soak.json")["result"]
     return (f"{r['answered']} answered, {len(r['errors'])} failed, {r['tracebacks']} tracebacks, integrity "
             f"{r['integrity_after_flush']}, {r['pages_used_after_flush']} pages left after flush")
 
 
 def control_plane_headline() -> str:
-    rows = load("control_plane.json")["rows"]
+    rows = load("timing/control_plane.json")["rows"]
     return (f"exact reservation {spread([r['compress_reclaim'][0] / r['tangram'][0] for r in rows])} faster than "
             f"compress-then-reclaim, up to {max(r['tangram'][0] / r['sglang_paged'][0] for r in rows):.0f}x "
             f"slower than SGLang's token allocator (prefill phase)")
 
 
 def load_balance_headline() -> str:
-    rows = load("load_balance.json")["rows"]
+    rows = load("modeled/load_balance.json")["rows"]
     return (f"modeled decode latency over the balanced one: uniform splits "
             f"{spread([r['uniform']['latency_vs_balanced'] for r in rows])}, the shipped split map "
             f"{spread([r['aot_beta']['latency_vs_balanced'] for r in rows])} with no planning")
 
 
 def tp_headline() -> str:
-    cost = [r["cost_vs_tp1"] for r in load("tp_memory.json") if r["ratio"] == 0.25 and r["H_p"] == 1]
+    cost = [r["cost_vs_tp1"] for r in rows_of("modeled/tp_memory.json") if r["ratio"] == 0.25 and r["H_p"] == 1]
     return f"served KV cost over TP=1 at ratio 0.25, H_p = 1: +{100 * min(cost):.1f}% to +{100 * max(cost):.1f}%"
 
 
@@ -453,72 +469,75 @@ def line_count(name: str) -> int:
 INDEX = {  # stem -> (what it measures, headline, command when the files do not carry one)
     "fidelity_fastkvzip": ("Multi-turn fidelity of the SmolLM2 FastKVzip profile (64 conversations) against full "
                            "KV, the dynamic method, uniform budgets and kvpress KVzip",
-                           lambda: fidelity_headline("fidelity_fastkvzip.json"), None),
+                           lambda: fidelity_headline("fidelity/fidelity_fastkvzip.json"), None),
     "fidelity_kvzip": ("Multi-turn fidelity of the SmolLM2 KVzip profile (reconstruction pass)",
-                       lambda: fidelity_headline("fidelity_kvzip.json"), None),
+                       lambda: fidelity_headline("fidelity/fidelity_kvzip.json"), None),
     "fidelity_fastkvzip_layer_scope": ("The FastKVzip gate with per-layer budgets (paper Eq. 3) instead of "
                                        "model-wide ones", lambda: fidelity_headline(
-                                           "fidelity_fastkvzip_layer_scope.json"), None),
+                                           "fidelity/fidelity_fastkvzip_layer_scope.json"), None),
     "fidelity": ("Multi-turn fidelity of the SmolLM2 SnapKV profile (64 conversations)",
-                 lambda: fidelity_headline("fidelity.json"), None),
+                 lambda: fidelity_headline("fidelity/fidelity.json"), None),
     "fidelity_quick": ("The quick set (16 conversations): served Tangram against the oracle and the peers",
-                       lambda: fidelity_headline("fidelity_quick.json"), None),
+                       lambda: fidelity_headline("fidelity/fidelity_quick.json"), None),
     "fidelity_position": ("Chunks cut by turn (served) against chunks fixed by position (oracle)",
-                          lambda: fidelity_headline("fidelity_position.json"), None),
+                          lambda: fidelity_headline("fidelity/fidelity_position.json"), None),
     "fidelity_qwen": ("Multi-turn fidelity of the Qwen2.5-0.5B SnapKV profile (32 conversations)",
-                      lambda: fidelity_headline("fidelity_qwen.json"), None),
+                      lambda: fidelity_headline("fidelity/fidelity_qwen.json"), None),
     "fidelity_qwen_fastkvzip": ("Multi-turn fidelity of the Qwen2.5-0.5B FastKVzip profile (32 conversations)",
-                                lambda: fidelity_headline("fidelity_qwen_fastkvzip.json"), None),
+                                lambda: fidelity_headline("fidelity/fidelity_qwen_fastkvzip.json"), None),
     "fidelity_qwen_kvzip": ("Multi-turn fidelity of the Qwen2.5-0.5B KVzip profile",
-                            lambda: fidelity_headline("fidelity_qwen_kvzip.json"), None),
+                            lambda: fidelity_headline("fidelity/fidelity_qwen_kvzip.json"), None),
     "fidelity_before": ("Fidelity answers recorded before two serving fixes (first chunk independent of batching; "
                         "sinks and newest tokens protected), kept for comparison", lambda: "see the file",
                         "the benchmark's first version (its answers stay in fidelity_runs.jsonl)"),
     "fidelity_runs": ("Every answer the fidelity benchmark recorded, keyed by model, setting, ratio, conversation, "
                       "token ids and code version (runs resume from it)",
-                      lambda: f"{line_count('fidelity_runs.jsonl'):,} recorded answers",
-                      "written by `.venv/bin/python benchmarks/fidelity.py`, which appends every answer"),
+                      lambda: f"{line_count('fidelity/fidelity_runs.jsonl'):,} recorded answers",
+                      "written by `.venv/bin/python -m benchmarks.fidelity.run`, which appends every answer"),
     "fidelity_versions": ("Code versions of fidelity settings shown to give identical answers, with the evidence",
-                          lambda: f"{len(load('fidelity_versions.json'))} version links",
-                          "written by `.venv/bin/python benchmarks/fidelity.py`"),
+                          lambda: f"{len(load('fidelity/fidelity_versions.json'))} version links",
+                          "written by `.venv/bin/python -m benchmarks.fidelity.run --carry-from VERSION`"),
     "concurrency_multiturn_r04": ("Multi-turn throughput (12 sessions x 4 turns) at the same KV bytes, SmolLM2 "
                                   "FastKVzip 0.4, four pool sizes",
-                                  lambda: concurrency_headline("concurrency_multiturn_r04.json"), None),
+                                  lambda: concurrency_headline("serving/concurrency_multiturn_r04.json"), None),
     "concurrency_multiturn_qwen": ("The same workload on Qwen2.5-0.5B, FastKVzip 0.25, three pool sizes",
-                                   lambda: concurrency_headline("concurrency_multiturn_qwen.json"), None),
+                                   lambda: concurrency_headline("serving/concurrency_multiturn_qwen.json"), None),
     "concurrency_multiturn": ("The same workload at SmolLM2 FastKVzip 0.5, before waiting turns refreshed their "
-                              "histories in the tree", lambda: concurrency_headline("concurrency_multiturn.json"),
+                              "histories in the tree",
+                              lambda: concurrency_headline("serving/concurrency_multiturn.json"),
                               None),
     "concurrency": ("Two-turn sessions started together: peak sessions decoding together at the same KV bytes, "
-                    "SnapKV 0.25 and 0.5", lambda: concurrency_headline("concurrency.json"), None),
+                    "SnapKV 0.25 and 0.5", lambda: concurrency_headline("serving/concurrency.json"), None),
     "concurrency_fastkvzip": ("The two-turn workload with the FastKVzip gate at 0.5 (torch-matmul prefill of "
-                              "the time)", lambda: concurrency_headline("concurrency_fastkvzip.json"), None),
+                              "the time)", lambda: concurrency_headline("serving/concurrency_fastkvzip.json"), None),
     "replicas": ("Two replicas behind sglang-router (cache-aware, round-robin) against one server of the same "
                  "total KV bytes", lambda: "; ".join(
                      f"{r['setting'].replace('_', '-')}: {r['turns_per_s']:.2f} turns/s, turn-2+ reuse "
-                     f"{pct(r['turn2_reuse'])}" for r in load("replicas.json")["rows"]), None),
+                     f"{pct(r['turn2_reuse'])}" for r in load("serving/replicas.json")["rows"]), None),
     "pressure": ("24 mixed requests, 12 at a time, on a 1,024-token pool: stock against two profiles at the same "
                  "KV bytes", lambda: "; ".join(
                      f"{pressure_label(r['setting'])}: {r['completed']} completed, {r['capped']} capped, "
-                     f"{r['refused']} refused, {r['failed']} failed" for r in load("pressure.json")["rows"]), None),
+                     f"{r['refused']} refused, {r['failed']} failed"
+                     for r in load("serving/pressure.json")["rows"]), None),
     "soak": ("200 multi-turn sessions with aborts, hang-ups and retractions on a small pool", soak_headline, None),
     "prefill_cost": ("Served prefill time per 2,048-token prompt for each scorer against stock SGLang",
                      lambda: ", ".join(f"{server_label(r, 0.5)} {times(r['vs_stock'])}"
-                                       for r in load("prefill_cost.json")["rows"][1:]), None),
+                                       for r in load("timing/prefill_cost.json")["rows"][1:]), None),
     "decode_step": ("Served decode step of a batch of 8 x 2,048 cached tokens against stock SGLang",
                     lambda: ", ".join(f"{server_label(r, None)} {times(r['vs_stock'])}"
-                                      for r in load("decode_step.json")["rows"][1:]), None),
+                                      for r in load("timing/decode_step.json")["rows"][1:]), None),
     "cpu_decode": ("Decode attention alone: the torch data plane against SGLang's torch_native backend",
                    lambda: "SnapKV 0.25 attends " + ", ".join(
                        f"{times(r['torch_native_ms'] / r['tangram_tile_ms'])} faster at {r['config']}"
-                       for r in load("cpu_decode.json")["rows"] if (r["method"], r["ratio"]) == ("snapkv", 0.25)),
+                       for r in load("timing/cpu_decode.json")["rows"]
+                       if (r["method"], r["ratio"]) == ("snapkv", 0.25)),
                    None),
     "control_plane": ("Host time of admission and allocation per request as layers x groups grow",
                       control_plane_headline, None),
     "control_plane_decode": ("Host time per decode step (batch 64, 32 layers x 4 groups) against SGLang's",
                              lambda: ", ".join(f"{r['context']:,} context: "
                                                f"{times(r['host_and_check_median'] / r['sglang_median'])} SGLang"
-                                               for r in load("control_plane_decode.json")["rows"]), None),
+                                               for r in load("timing/control_plane_decode.json")["rows"]), None),
     "load_balance": ("Decode load balance: uniform splits, per-step planning and the split map (modeled, "
                      "132 CTAs)", load_balance_headline, None),
     "memory_reclaim": ("KV memory freed by ragged paging for each grouping, on SmolLM2 and the authors' large-model "
@@ -528,53 +547,91 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
 }
 
 
-def clean_command(cmd: str) -> str:
+KINDS = {  # results folder -> what its benchmarks measure (the package of the same name)
+    "fidelity": "Multi-turn answers against full KV, the dense oracle and kvpress (`benchmarks/fidelity/`)",
+    "serving": "Real servers under load: throughput, replicas, memory pressure, soak (`benchmarks/serving/`)",
+    "timing": "What each piece costs in time: prefill, decode step, decode attention, host control plane "
+              "(`benchmarks/timing/`)",
+    "modeled": "Computed from profiles, no timing: memory reclaimed, tensor-parallel memory, decode load balance "
+               "(`benchmarks/modeled/`)",
+}
+# each benchmark's module by its file name in the flat benchmarks/ folder of older results' commands
+MOVED = {"fidelity": "fidelity.run", "concurrency": "serving.concurrency", "replicas": "serving.replicas",
+         "pressure": "serving.pressure", "soak": "serving.soak", "prefill_cost": "timing.prefill_cost",
+         "decode_step": "timing.decode_step", "cpu_decode": "timing.cpu_decode", "gpu_decode": "timing.gpu_decode",
+         "control_plane": "timing.control_plane", "memory_reclaim": "modeled.memory_reclaim",
+         "tp_memory": "modeled.tp_memory", "load_balance": "modeled.load_balance"}
+
+
+def clean_command(cmd: str, kind: str) -> str:
+    """A recorded command as it runs today: repository-relative paths, the project's python, a script of
+    the flat benchmarks/ folder as its module (``-m benchmarks.KIND.NAME``), a results path in its kind's
+    folder."""
     words = []
     for w in cmd.split():
         for root in ("benchmarks/", "configs/"):
             if w.startswith("/") and root in w:
                 w = w[w.index(root):]
-        words.append(w)
-    if words and words[0] == "python":
-        words[0] = ".venv/bin/python"
-    for i, w in enumerate(words):
-        if w.startswith("benchmarks/") and w.endswith(".py") and (i == 0 or "python" not in words[i - 1]):
+        script = w[len("benchmarks/"):-len(".py")] if w.startswith("benchmarks/") and w.endswith(".py") else ""
+        if script in MOVED:
+            words += ["-m", f"benchmarks.{MOVED[script]}"]
+            continue
+        name = w[len("benchmarks/results/"):] if w.startswith("benchmarks/results/") else ""
+        if name and "/" not in name:
+            w = f"benchmarks/results/{kind}/{name}"
+        words.append(".venv/bin/python" if w == "python" else w)
+    if "-m" in words:
+        i = words.index("-m")
+        if i == 0 or not words[i - 1].endswith("python"):
             words.insert(i, ".venv/bin/python")
-            break
     return " ".join(words)
 
 
-def command_of(stem: str, files: list[str]) -> str | None:
+def command_of(kind: str, files: list[str]) -> str | None:
+    """The command that wrote a stem's files: the stamp's, else the command an older file recorded."""
     for f in files:
         if f.endswith(".json") and f != "fidelity_versions.json":
-            d = load(f)
-            if isinstance(d, dict) and (d.get("command") or d.get("meta", {}).get("command")):
-                return clean_command(d.get("command") or d["meta"]["command"])
-    if stem + ".md" in files:
-        parts = (RESULTS / (stem + ".md")).read_text().split("`")
-        for span in parts[1::2]:
-            if ".py" in span and "benchmarks/" in span:
-                return clean_command(span)
+            d = load(f"{kind}/{f}")
+            if not isinstance(d, dict):
+                continue
+            recorded = (d.get("stamp") or {}).get("command") or d.get("command") or d.get("meta", {}).get("command")
+            if recorded:
+                return clean_command(recorded, kind)
+    for f in files:
+        if f.endswith(".md"):
+            parts = (RESULTS / kind / f).read_text().split("`")
+            for span in parts[1::2]:
+                if "-m benchmarks." in span or (".py" in span and "benchmarks/" in span):
+                    return clean_command(span, kind)
     return None
 
 
 def results_index() -> str:
-    stems: dict[str, list[str]] = {}
-    for p in sorted(RESULTS.iterdir()):
-        if p.name != "README.md" and p.is_file():
-            stems.setdefault(p.name.split(".")[0], []).append(p.name)
+    stray = [p.name for p in RESULTS.iterdir() if p.is_file() and p.name != "README.md"]
+    if stray:
+        raise SystemExit(f"benchmarks/results/{stray[0]}: results files belong in a kind's folder {sorted(KINDS)}")
     lines = ["# Results files", "",
-             "Generated by `benchmarks/report_tables.py` from the files in this folder; do not edit by hand. "
-             "Timings come from a CPU (2 shared cores, float32) unless a file names a device; memory_reclaim, "
-             "tp_memory and load_balance are computed from profiles. Each `.md` is written by the benchmark "
-             "beside its `.json`. Explanations: [docs/results.md](../../docs/results.md).", ""]
-    for stem, files in stems.items():
-        what, headline, fallback = INDEX.get(stem, ("not described in benchmarks/report_tables.py",
-                                                    lambda: "-", None))
-        command = command_of(stem, files)
-        lines += [f"## {stem}", "", "Files: " + ", ".join(f"[{f}]({f})" for f in files), "",
-                  f"- Measures: {what}.", f"- Command: `{command}`" if command else f"- Command: {fallback or '-'}.",
-                  f"- Headline: {headline()}.", ""]
+             "Generated by `benchmarks/common/report_tables.py` from the files in these folders; do not edit by "
+             "hand. Timings come from a CPU (2 shared cores, float32) unless a file names a device. Each `.md` is "
+             "written by the benchmark beside its `.json`; files written since stamps began carry the commit, "
+             "machine and command that made them (a `\"stamp\"` object in the JSON, the line under the Markdown's "
+             "title). Commands are given as they run today. Explanations: [docs/results.md](../../docs/results.md).",
+             ""]
+    for kind, about in KINDS.items():
+        folder = RESULTS / kind
+        stems: dict[str, list[str]] = {}
+        for p in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if p.is_file():
+                stems.setdefault(p.name.split(".")[0], []).append(p.name)
+        lines += [f"## {kind}", "", about + ".", ""]
+        for stem, files in stems.items():
+            what, headline, fallback = INDEX.get(stem, ("not described in benchmarks/common/report_tables.py",
+                                                        lambda: "-", None))
+            command = command_of(kind, files)
+            lines += [f"### {stem}", "", "Files: " + ", ".join(f"[{f}]({kind}/{f})" for f in files), "",
+                      f"- Measures: {what}.",
+                      f"- Command: `{command}`" if command else f"- Command: {fallback or '-'}.",
+                      f"- Headline: {headline()}.", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -641,7 +698,8 @@ def main(argv=None) -> int:
             path.write_text(text)
             print(f"wrote {path.relative_to(REPO)}")
     if stale:
-        print(f"{stale} file(s) differ from what benchmarks/report_tables.py writes: run it and commit the result")
+        print(f"{stale} file(s) differ from what benchmarks/common/report_tables.py writes: run "
+              ".venv/bin/python -m benchmarks.common.report_tables and commit the result")
     return 1 if stale else 0
 
 

@@ -21,28 +21,27 @@ layers and worst layer), the modeled attention latency (CTAs scheduled in
 launch order on N_CTA slots, sum over layers of the makespan, divided by the
 perfectly balanced total / N_CTA), and the planning work per step.
 
-    .venv/bin/python benchmarks/load_balance.py --profile configs/smollm2-snapkv.yaml \
-        --out benchmarks/results/load_balance
+    .venv/bin/python -m benchmarks.modeled.load_balance --profile configs/smollm2-snapkv.yaml --batch 1 --batch 16
+    # writes benchmarks/results/modeled/load_balance.{json,md}
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tangram_sglang.attention.baselines import fa2_num_splits, planned_chunk  # noqa: E402
-from tangram_sglang.method.budgets import keep_count  # noqa: E402
-from tangram_sglang.method.split_map import DEFAULT_PARALLEL_CAPACITY, compute_split_map, profile_split_map  # noqa: E402
-from tangram_sglang.profile import load_profile  # noqa: E402
-from tangram_sglang.profile.reference_import import available, reference_profile  # noqa: E402
+from benchmarks.common.paths import result_path
+from benchmarks.common.results import write_json, write_markdown
+from benchmarks.common.stamp import stamp
+from tangram_sglang.attention.baselines import fa2_num_splits, planned_chunk
+from tangram_sglang.method.budgets import keep_count
+from tangram_sglang.method.split_map import DEFAULT_PARALLEL_CAPACITY, compute_split_map, profile_split_map
+from tangram_sglang.profile import load_profile
+from tangram_sglang.profile.reference_import import available, reference_profile
 
 
 def pieces_work(lens: np.ndarray, sizes: np.ndarray, splits: np.ndarray) -> np.ndarray:
@@ -129,8 +128,10 @@ def main(argv=None) -> None:
     ap.add_argument("--capacity", type=int, default=DEFAULT_PARALLEL_CAPACITY, help="N_CTA")
     ap.add_argument("--batch", type=int, action="append", help="requests per step")
     ap.add_argument("--context", type=int, default=16384)
-    ap.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    ap.add_argument("--out", default=result_path("modeled", "load_balance"), help="writes OUT.json and OUT.md")
+    ap.add_argument("--no-write", action="store_true", help="print the rows only")
     args = ap.parse_args(argv)
+    run_stamp = stamp(argv)
     args.ratio = args.ratio or [0.25, 0.5]
     args.scorers = args.scorers.split(",")
     rng = np.random.default_rng(0)
@@ -145,13 +146,11 @@ def main(argv=None) -> None:
                     rows.append({"profile": name, "ratio": entry.ratio, "batch": batch, "contexts": mix,
                                  "groups": entry.num_groups, **{k: v for k, v in res.items()}})
                     print(_line(rows[-1]), flush=True)
-    if args.out:
-        meta = {"capacity": args.capacity, "context": args.context, "heads_per_group_reference": args.heads_per_group,
-                "command": " ".join(["benchmarks/load_balance.py", *(argv or sys.argv[1:])])}
-        with open(args.out + ".json", "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(_markdown(rows, meta))
+    if not args.no_write:
+        meta = {"capacity": args.capacity, "context": args.context, "heads_per_group_reference": args.heads_per_group}
+        write_json(args.out + ".json", {"meta": meta, "rows": rows}, run_stamp)
+        write_markdown(args.out + ".md", f"Decode load balance (N_CTA = {meta['capacity']}, context {meta['context']})",
+                       _markdown(rows, meta), run_stamp)
 
 
 def _line(r) -> str:
@@ -160,7 +159,7 @@ def _line(r) -> str:
             f"uniform {f('uniform')}  planned {f('planned')}  aot {f('aot')}  aot_beta {f('aot_beta')}")
 
 
-def _markdown(rows, meta) -> str:
+def _markdown(rows, meta) -> list[str]:
     head = ("| profile | ratio | B | contexts | G | uniform max/mean | planned max/mean | AOT max/mean "
             "| AOT-beta max/mean | uniform latency | planned latency | AOT latency | AOT-beta latency "
             "| planning evals/step | planning us/step |\n" + "|---" * 15 + "|\n")
@@ -172,10 +171,9 @@ def _markdown(rows, meta) -> str:
         f"| {r['aot']['latency_vs_balanced']:.2f} | {r['aot_beta']['latency_vs_balanced']:.2f} "
         f"| {r['planned']['planning_evals_per_step']} "
         f"| {r['planned']['planning_us_per_step_numpy']:.0f} |\n" for r in rows)
-    return (f"# Decode load balance (N_CTA = {meta['capacity']}, context {meta['context']})\n\n"
-            f"`{meta['command']}`\n\nmax/mean: CTA work straggler factor (mean over layers); latency: modeled "
-            "attention time (launch-order scheduling on N_CTA slots, summed over layers) over the perfectly "
-            "balanced time; planning: per decode step, all layers (AOT: 0).\n\n" + head + body)
+    return ["max/mean: CTA work straggler factor (mean over layers); latency: modeled attention time "
+            "(launch-order scheduling on N_CTA slots, summed over layers) over the perfectly balanced time; "
+            "planning: per decode step, all layers (AOT: 0).", "", head + body]
 
 
 if __name__ == "__main__":

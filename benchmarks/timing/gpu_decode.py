@@ -1,9 +1,9 @@
 """GPU decode attention: check the kernels, then time uniform splits, the AOT split map
 and FlashInfer's per-layer planning. Needs torch (CUDA), Triton, nvcc; not sglang.
 
-    python benchmarks/gpu_decode.py                       # check + time, writes
-        benchmarks/results/gpu_decode_<device>.{md,json}
-    python benchmarks/gpu_decode.py --export              # (CPU side) refresh benchmarks/profiles/*.json
+    python -m benchmarks.timing.gpu_decode            # check + time, writes
+        benchmarks/results/timing/gpu_decode_<device>.{md,json}
+    python -m benchmarks.timing.gpu_decode --export   # (CPU side) refresh benchmarks/profiles/*.json
 
 1. Check: Triton and CUDA decode against the torch reference on the GPU
    (fp32 and bf16, odd sizes, empty groups, page sizes 1 and 16, GQA 1 and 4),
@@ -32,17 +32,17 @@ import time
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from tangram_sglang.attention.baselines import fa2_num_splits  # noqa: E402
-from tangram_sglang.attention.layer_meta import build_layer_meta  # noqa: E402
-from tangram_sglang.attention.reference import ragged_decode_torch  # noqa: E402
-from tangram_sglang.attention.split_row import make_split_row, uniform_split_row  # noqa: E402
-from tangram_sglang.attention.testing import make_ragged_cache  # noqa: E402
-from tangram_sglang.method.budgets import keep_count  # noqa: E402
-from tangram_sglang.method.grouping import group_budgets  # noqa: E402
-from tangram_sglang.method.split_map import profile_split_map  # noqa: E402
+from benchmarks.common.paths import RESULTS, ROOT
+from benchmarks.common.results import write_json, write_markdown
+from benchmarks.common.stamp import stamp
+from tangram_sglang.attention.baselines import fa2_num_splits
+from tangram_sglang.attention.layer_meta import build_layer_meta
+from tangram_sglang.attention.reference import ragged_decode_torch
+from tangram_sglang.attention.split_row import make_split_row, uniform_split_row
+from tangram_sglang.attention.testing import make_ragged_cache
+from tangram_sglang.method.budgets import keep_count
+from tangram_sglang.method.grouping import group_budgets
+from tangram_sglang.method.split_map import profile_split_map
 
 PROFILE_DIR = os.path.join(ROOT, "benchmarks", "profiles")
 # (reference scorer, model, q heads, heads per group) exported by --export
@@ -146,6 +146,7 @@ def served_graph_check(dev: str, bucket: int = 8, graph_cls=CudaGraph, kernel: s
     (triton, or cuda: --tangram-data-plane cuda)."""
     from tangram_sglang.attention.kv_write import write_decode_kv
     from tangram_sglang.serving.decode_graph import DecodeGraph
+    from tangram_sglang.serving.observability import check_integrity
     from tangram_sglang.serving.testing import HQ, STEPS, D, served_pool, step_inputs
 
     profile = os.path.join(ROOT, "configs", "smollm2-snapkv.yaml")
@@ -155,9 +156,9 @@ def served_graph_check(dev: str, bucket: int = 8, graph_cls=CudaGraph, kernel: s
     def forward(s, plan, q, k, v):
         outs = []
         for l in range(L):
-            write_decode_kv(k[l], v[l], plan.out_loc[l], s.metas[l], s.data.k_pages, s.data.v_pages)
+            write_decode_kv(k[l], v[l], plan.out_loc[l], s.context.metas[l], s.data.k_pages, s.data.v_pages)
             outs.append(decode(q[l], s.data.k_pages, s.data.v_pages, plan.block_table[l],
-                               plan.seq_lens[l], s.metas[l], s.split_rows[l], D ** -0.5, rows=plan.rows))
+                               plan.seq_lens[l], s.context.metas[l], s.context.split_rows[l], D ** -0.5, rows=plan.rows))
         return outs
 
     graph = DecodeGraph(graphed, max_bs=bucket, rows=16, context_len=256, device=dev)
@@ -169,7 +170,7 @@ def served_graph_check(dev: str, bucket: int = 8, graph_cls=CudaGraph, kernel: s
     for step, rids in enumerate(STEPS):
         n = len(rids)
         for s in (eager, graphed):
-            if not s.ensure_decode_room(rids):
+            if not s.admission.ensure_decode_room(rids):
                 raise RuntimeError("served_graph_check: the pool ran out")
         real = step_inputs(L, n, step, dev)
         want = torch.stack(forward(eager, eager.decode_metadata(rids), *real))
@@ -181,7 +182,7 @@ def served_graph_check(dev: str, bucket: int = 8, graph_cls=CudaGraph, kernel: s
         err = max(err, (out[:, :n] - want).abs().max().item())
         pad_zero &= bool((out[:, n:] == 0).all())
         for s in (eager, graphed):
-            s.check_integrity()
+            check_integrity(s, None)
             s.tables.check_scratch()
         last = eager.data.scratch_page
         pools_equal &= all(torch.equal(a[:last], b[:last]) for a, b in
@@ -329,11 +330,10 @@ def export() -> None:
         print("wrote", name)
 
 
-def markdown(device: str, capacity: int, checks: list[dict], rows: list[dict], cmd: str) -> str:
+def markdown(capacity: int, checks: list[dict], rows: list[dict]) -> list[str]:
     ok = all(c["ok"] for c in checks)
     worst = {k: max(c["max_abs_err"] for c in checks if c["kernel"] == k) for k in dict.fromkeys(c["kernel"] for c in checks)}
-    lines = [f"# GPU decode attention on {device}", "", f"`{cmd}`", "",
-             f"N_CTA (split map) = {capacity}. Kernel check vs torch reference: {'all pass' if ok else 'FAILURES'} "
+    lines = [f"N_CTA (split map) = {capacity}. Kernel check vs torch reference: {'all pass' if ok else 'FAILURES'} "
              f"(worst abs err: {', '.join(f'{k} {v:.2e}' for k, v in worst.items())}).", "",
              "Times: one decode step over all layers, ms. Kernel columns: CUDA-graph replay (device time). "
              "FlashInfer: plan() per layer per step + run(), wall time; run-only estimate from a graph replay.", "",
@@ -345,7 +345,7 @@ def markdown(device: str, capacity: int, checks: list[dict], rows: list[dict], c
                      f"| {r['triton_uniform_ms']:.3f} | {r['triton_aot_ms']:.3f} | {r['cuda_uniform_ms']:.3f} "
                      f"| {r['cuda_aot_ms']:.3f} | {fi.get('plan_and_run_ms', float('nan')):.3f} "
                      f"| {fi.get('run_only_ms_est', float('nan')):.3f} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv=None) -> None:
@@ -357,25 +357,23 @@ def main(argv=None) -> None:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--blocks-per-sm", type=int, default=1, help="N_CTA = SMs x this")
-    ap.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
+    ap.add_argument("--out-dir", default=os.path.join(RESULTS, "timing"))
     args = ap.parse_args(argv)
     if args.export:
         return export()
     if not torch.cuda.is_available():
-        sys.exit("gpu_decode.py needs a GPU (use --export on the CPU side)")
+        sys.exit("benchmarks.timing.gpu_decode needs a GPU (use --export on the CPU side)")
+    run_stamp = stamp(argv)
     dev = "cuda"
     props = torch.cuda.get_device_properties(0)
     capacity = props.multi_processor_count * args.blocks_per_sm
     checks = check(dev) + served_graph_check(dev) + served_graph_check(dev, kernel="cuda")
     print(json.dumps(checks), flush=True)
     rows = time_workloads(args, dev, capacity)
-    slug = props.name.lower().replace(" ", "-")
-    cmd = "python benchmarks/gpu_decode.py " + " ".join(argv or sys.argv[1:])
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, f"gpu_decode_{slug}.json"), "w") as f:
-        json.dump({"device": props.name, "capacity": capacity, "checks": checks, "rows": rows}, f, indent=1)
-    with open(os.path.join(args.out_dir, f"gpu_decode_{slug}.md"), "w") as f:
-        f.write(markdown(props.name, capacity, checks, rows, cmd.strip()))
+    stem = os.path.join(args.out_dir, "gpu_decode_" + props.name.lower().replace(" ", "-"))
+    write_json(stem + ".json", {"device": props.name, "capacity": capacity, "checks": checks, "rows": rows},
+               run_stamp)
+    write_markdown(stem + ".md", f"GPU decode attention on {props.name}", markdown(capacity, checks, rows), run_stamp)
 
 
 if __name__ == "__main__":

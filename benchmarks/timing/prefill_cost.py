@@ -8,45 +8,39 @@ prefix (different offsets of the repo's docs): nothing is reused from the radix 
 request first. Reported: median seconds per request, and the median over prompts of each server's
 time over stock's on the same prompt.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/prefill_cost.py \\
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.timing.prefill_cost \\
         --profiles configs/smollm2-snapkv.yaml configs/smollm2-fastkvzip.yaml
-    # writes benchmarks/results/prefill_cost.{json,md}
+    # writes benchmarks/results/timing/prefill_cost.{json,md}
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
-import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "launch"))
+from benchmarks.common.client import generate
+from benchmarks.common.corpus import distinct_prompts
+from benchmarks.common.models import ensure_model
+from benchmarks.common.paths import result_path
+from benchmarks.common.results import write_json, write_markdown
+from benchmarks.common.stamp import stamp
+from tangram_sglang.sglang.server_process import ServerProcess
 
-from tangram_sglang.sglang.server_process import ServerProcess  # noqa: E402
-
+# real text for the prompts (the repository's docs; missing files are skipped)
 CORPUS = ["README.md", "configs/CALIBRATION.md", "configs/reference-regularity.md", "DESIGN.md"]
 
 
 def prompts(tok, count: int, tokens: int) -> list[list[int]]:
-    text = "\n".join(open(os.path.join(ROOT, f)).read() for f in CORPUS if os.path.exists(os.path.join(ROOT, f)))
-    ids = tok.encode(text)
-    while len(ids) < tokens * (count + 1):
-        ids = ids + ids[::-1]  # enough distinct material; reversed copies share no prefix with the original
-    step = (len(ids) - tokens) // (count + 1)
-    return [ids[i * step + 1:i * step + 1 + tokens] for i in range(count + 1)]
+    """count + 1 prompts of ``tokens`` ids sharing no prefix (the first is a warm-up)."""
+    return distinct_prompts(tok, CORPUS, count, tokens)
 
 
-def generate(url: str, ids: list[int]) -> float:
-    body = json.dumps({"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 1}}).encode()
-    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+def prefill_seconds(url: str, ids: list[int]) -> float:
+    """Wall time of one request of ``ids`` with max_new_tokens 1: its prefill and one sampling step."""
     t0 = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=3600) as r:
-        json.loads(r.read())
+    generate(url, ids, 1)
     return time.perf_counter() - t0
 
 
@@ -64,11 +58,11 @@ def measure(model_path: str, profiles: list[str | None], reqs: list[list[int]], 
             servers.append(stack.enter_context(ServerProcess(model_path, port=args.port + i, profile=profile,
                                                              extra_args=extra, start_timeout=900)))
         for server in servers:
-            generate(server.url, reqs[0])  # warm-up
+            prefill_seconds(server.url, reqs[0])  # warm-up
         times = [[] for _ in servers]
         for ids in reqs[1:]:
             for i, server in enumerate(servers):
-                times[i].append(generate(server.url, ids))
+                times[i].append(prefill_seconds(server.url, ids))
     rows = []
     for profile, t in zip(profiles, times):
         rows.append({"server": "stock SGLang (full KV)" if profile is None else os.path.basename(profile),
@@ -89,13 +83,10 @@ def uniform_profile_file(model_path: str, ratio: float) -> str:
     return path
 
 
-def write_report(out: str, result: dict, lines: list[str]) -> None:
-    """out.json (the result) and out.md (the lines), and the lines on stdout."""
-    with open(out + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    with open(out + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+def write_report(out: str, title: str, result: dict, lines: list[str], run_stamp: dict) -> None:
+    """OUT.json (the result) and OUT.md (the lines), both stamped, and the Markdown on stdout."""
+    write_json(out + ".json", result, run_stamp)
+    print(write_markdown(out + ".md", title, lines, run_stamp))
 
 
 def main(argv=None) -> int:
@@ -109,9 +100,9 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=31700)
     ap.add_argument("--uniform", action="store_true", help="also serve a uniform-scorer profile at --ratio "
                     "(tokens ranked by nothing: the data plane's and compression's cost without a scorer)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "prefill_cost"))
+    ap.add_argument("--out", default=result_path("timing", "prefill_cost"), help="writes OUT.json and OUT.md")
     args = ap.parse_args(argv)
-    from models import ensure_model
+    run_stamp = stamp(argv)
     from transformers import AutoTokenizer
 
     model_path = ensure_model(args.model)
@@ -121,17 +112,15 @@ def main(argv=None) -> int:
         profiles.insert(0, uniform_profile_file(model_path, args.ratio or 1.0))
     rows = measure(model_path, [None] + profiles, reqs, args)
     result = {"model": args.model, "prompt_tokens": args.prompt_tokens, "prompts": args.prompts,
-              "ratio": args.ratio, "rows": rows, "command": "python benchmarks/prefill_cost.py " +
-              " ".join(sys.argv[1:] if argv is None else argv)}
-    lines = [f"`{result['command']}`", "",
-             f"{args.model}, {args.prompts} prompts of {args.prompt_tokens} tokens, one at a time, "
+              "ratio": args.ratio, "rows": rows}
+    lines = [f"{args.model}, {args.prompts} prompts of {args.prompt_tokens} tokens, one at a time, "
              "max_new_tokens 1, float32 CPU (one thread per server); every prompt goes to each server in "
              "turn (one busy at a time).", "",
              "| server | median s per prefill | vs stock (median of per-prompt ratios) |", "|---|---|---|"]
     lines += [f"| {r['server']} | {r['median_s']} | {r['vs_stock']} |" for r in rows]
-    write_report(args.out, result, lines)
+    write_report(args.out, "Served prefill cost per scorer against stock SGLang", result, lines, run_stamp)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

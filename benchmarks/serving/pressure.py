@@ -14,32 +14,29 @@ SGLang, once per profile at the same KV bytes. Each request ends as
 After the run: the server's health, its log's tracebacks, and (with a profile) the
 pool's integrity check and the pages left after ``/flush_cache``.
 
-    .venv/bin/python benchmarks/pressure.py          # writes benchmarks/results/pressure.{md,json}
-    .venv/bin/python benchmarks/pressure.py --quick  # 8 requests, 4 at a time, short outputs
+    .venv/bin/python -m benchmarks.serving.pressure          # writes benchmarks/results/serving/pressure.{md,json}
+    .venv/bin/python -m benchmarks.serving.pressure --quick  # 8 requests, 4 at a time, short outputs
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import random
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tangram_sglang.sglang.server_process import ServerProcess  # noqa: E402
+from benchmarks.common.client import call, log_tracebacks, pool_info
+from benchmarks.common.corpus import essay_texts
+from benchmarks.common.models import ensure_model
+from benchmarks.common.paths import ROOT, result_path
+from benchmarks.common.results import write_json, write_markdown
+from benchmarks.common.stamp import stamp
+from tangram_sglang.sglang.server_process import ServerProcess
 
 os.environ.setdefault("TANGRAM_INTEGRITY_CHECK", "1")  # the servers started here check their pool on /server_info
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
 PORT = 31861
 SETTINGS = {  # label -> (profile, ratio)
     "stock SGLang": (None, None),
@@ -48,32 +45,9 @@ SETTINGS = {  # label -> (profile, ratio)
 }
 
 
-def post(url: str, payload: dict, timeout: float = 1800) -> tuple[int, object]:
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, body = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        status, body = e.code, e.read().decode()
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
-        return -1, str(e)
-    try:
-        return status, json.loads(body)
-    except json.JSONDecodeError:
-        return status, body
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=60) as r:
-        return json.loads(r.read())
-
-
 def workload(n: int, seed: int, max_new: int) -> list[dict]:
     """n requests: a passage of 300-1100 words of the essays, 16..max_new new tokens, ignore_eos."""
-    from tangram_sglang.calibration.datasets import essays_dir
-
-    words = " ".join(open(f).read() for f in sorted(glob.glob(os.path.join(essays_dir(), "*.txt")))[:8]).split()
+    words = " ".join(essay_texts()).split()
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -96,14 +70,14 @@ def run_setting(model: str, label: str, profile, ratio, reqs: list[dict], worker
     extra = ["--max-total-tokens", str(max_total)]
     if profile:
         extra += ["--tangram-ratio", str(ratio)]
-    srv = ServerProcess(model, port=PORT, profile=os.path.join(REPO, profile) if profile else None,
+    srv = ServerProcess(model, port=PORT, profile=os.path.join(ROOT, profile) if profile else None,
                         extra_args=extra, log_path=f"/tmp/tangram-pressure-{PORT}.log")
     t0 = time.time()
     with srv:
         with ThreadPoolExecutor(workers) as ex:
-            answers = list(ex.map(lambda r: post(srv.url + "/generate", r), reqs))
+            answers = list(ex.map(lambda r: call(srv.url + "/generate", r), reqs))
         outcomes = [classify(s, b, r["sampling_params"]["max_new_tokens"]) for (s, b), r in zip(answers, reqs)]
-        healthy = post(srv.url + "/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 2}})[0] == 200
+        healthy = call(srv.url + "/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 2}})[0] == 200
         row = {"setting": label, "seconds": round(time.time() - t0, 1), "healthy_after": healthy}
         for kind in ("completed", "capped", "refused", "failed"):
             row[kind] = sum(o == kind for o, _ in outcomes)
@@ -111,24 +85,21 @@ def run_setting(model: str, label: str, profile, ratio, reqs: list[dict], worker
         row["tokens_generated"] = sum(b["meta_info"]["completion_tokens"] for s, b in answers if s == 200)
         if profile:
             time.sleep(1)
-            post(srv.url + "/flush_cache", {})
-            info = get_json(srv.url + "/server_info")["internal_states"][0]["tangram"]["pool_info"]
+            call(srv.url + "/flush_cache", {})
+            info = pool_info(srv.url)
             row.update(integrity=info["integrity"], pages_left_after_flush=info["pages_used"],
                        capped_by_pool=info["capped"], retracted=info["retracted"], refused_by_pool=info["too_large"])
-        with open(srv.log_path, errors="replace") as f:
-            row["tracebacks"] = sum("Traceback" in line for line in f)
+        row["tracebacks"] = log_tracebacks(srv.log_path)
     print(json.dumps(row), flush=True)
     return row
 
 
-def write(rows: list[dict], args, name: str) -> None:
+def write(rows: list[dict], args, name: str, run_stamp: dict) -> None:
     cols = ["setting", "completed", "capped", "refused", "failed", "tokens_generated", "tracebacks",
             "healthy_after", "integrity", "pages_left_after_flush", "retracted", "seconds"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
-    lines = [f"# Memory pressure: {args.requests} mixed /generate requests, {args.workers} at a time, "
-             f"--max-total-tokens {args.max_total_tokens} (SmolLM2-135M, CPU)", "",
-             "Prompts of 300-1,100 words, 16-%d new tokens, ignore_eos; the profiles get the same KV bytes. "
+    title = (f"Memory pressure: {args.requests} mixed /generate requests, {args.workers} at a time, "
+             f"--max-total-tokens {args.max_total_tokens} (SmolLM2-135M)")
+    lines = ["Prompts of 300-1,100 words, 16-%d new tokens, ignore_eos; the profiles get the same KV bytes. "
              "completed = every token asked for; capped = max_new_tokens cut to what the KV memory can ever "
              "hold; refused = HTTP 400 up front; failed = anything else." % args.max_new, "",
              "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
@@ -138,12 +109,8 @@ def write(rows: list[dict], args, name: str) -> None:
     for r in rows:
         for e in r["errors"]:
             lines.append(f"- {r['setting']}: `{e}`")
-    lines += ["", f"Code at {commit}: `.venv/bin/python benchmarks/pressure.py{' --quick' if args.quick else ''}`", ""]
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, f"{name}.md"), "w") as f:
-        f.write("\n".join(lines))
-    with open(os.path.join(RESULTS, f"{name}.json"), "w") as f:
-        json.dump({"args": vars(args), "commit": commit, "rows": rows}, f, indent=1)
+    write_markdown(result_path("serving", f"{name}.md"), title, lines, run_stamp)
+    write_json(result_path("serving", f"{name}.json"), {"args": vars(args), "rows": rows}, run_stamp)
 
 
 def main() -> None:
@@ -157,15 +124,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="8 requests, 4 at a time, at most 64 new tokens")
     ap.add_argument("--name", default=None)
     args = ap.parse_args()
+    run_stamp = stamp()
     if args.quick:
         args.requests, args.workers, args.max_new = 8, 4, 64
-    sys.path.insert(0, os.path.join(REPO, "launch"))
-    from models import ensure_model
-
     model = ensure_model("smollm2")
     reqs = workload(args.requests, args.seed, args.max_new)
     rows = [run_setting(model, s, *SETTINGS[s], reqs, args.workers, args.max_total_tokens) for s in args.settings]
-    write(rows, args, args.name or ("pressure_quick" if args.quick else "pressure"))
+    write(rows, args, args.name or ("pressure_quick" if args.quick else "pressure"), run_stamp)
 
 
 if __name__ == "__main__":

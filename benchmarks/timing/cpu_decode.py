@@ -11,8 +11,8 @@ cut and once with fixed tiles (the CPU data plane's cut). Ratios run side by
 side in one process: 1.0 (uniform profile, every budget 1), the profile's
 calibrated entries, and uniform 0.5 / 0.25.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/cpu_decode.py --profile configs/smollm2-snapkv.yaml \
-        --out benchmarks/results/cpu_decode
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.timing.cpu_decode --profile configs/smollm2-snapkv.yaml
+    # writes benchmarks/results/timing/cpu_decode.{json,md}
 """
 
 from __future__ import annotations
@@ -20,20 +20,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import sys
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tangram_sglang.attention import build_layer_metas, make_split_rows, ragged_decode_torch  # noqa: E402
-from tangram_sglang.attention.pieces import tile_pieces  # noqa: E402
-from tangram_sglang.method.budgets import keep_count  # noqa: E402
-from tangram_sglang.profile import ModelShape, load_profile  # noqa: E402
-from tangram_sglang.profile.uniform import uniform_profile  # noqa: E402
+from benchmarks.common.paths import result_path
+from benchmarks.common.results import write_json, write_markdown
+from benchmarks.common.stamp import stamp
+from tangram_sglang.attention import build_layer_metas, make_split_rows, ragged_decode_torch
+from tangram_sglang.attention.pieces import tile_pieces
+from tangram_sglang.method.budgets import keep_count
+from tangram_sglang.profile import ModelShape, load_profile
+from tangram_sglang.profile.uniform import uniform_profile
 
 SMOLLM2 = ModelShape(architecture="LlamaForCausalLM", num_layers=30, num_kv_heads=3, head_dim=64)
 
@@ -133,8 +132,10 @@ def main(argv=None) -> None:
     ap.add_argument("--tile", type=int, default=256)
     ap.add_argument("--capacity", type=int, default=12, help="N_CTA of the uniform profiles' split maps")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=result_path("timing", "cpu_decode"), help="writes OUT.json and OUT.md")
+    ap.add_argument("--no-write", action="store_true", help="print the rows only")
     args = ap.parse_args(argv)
+    run_stamp = stamp(argv)
     torch.set_num_threads(1)
     shape, hp, ents = entries(args)
     rows = []
@@ -156,17 +157,15 @@ def main(argv=None) -> None:
                 res[f"kv_read_{name}"] = reads[(i, name)] / dense_slots
             rows.append(res)
             print(json.dumps(res), flush=True)
-    if args.out:
+    if not args.no_write:
         meta = {"threads": 1, "dtype": "float32", "heads_per_group": hp, "gqa": args.gqa, "tile": args.tile,
-                "model_shape": vars(shape) if hasattr(shape, "__dict__") else str(shape),
-                "command": " ".join(["benchmarks/cpu_decode.py", *(argv or sys.argv[1:])])}
-        with open(args.out + ".json", "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(_markdown(rows, meta))
+                "model_shape": vars(shape) if hasattr(shape, "__dict__") else str(shape)}
+        write_json(args.out + ".json", {"meta": meta, "rows": rows}, run_stamp)
+        write_markdown(args.out + ".md", "CPU decode attention, one step over all layers (float32, 1 thread)",
+                       _markdown(rows, meta), run_stamp)
 
 
-def _markdown(rows, meta) -> str:
+def _markdown(rows, meta) -> list[str]:
     head = ("| B x N | profile | ratio | KV read (split) | torch_native ms | tangram split ms | speed-up "
             f"| KV read (tile {meta['tile']}) | tangram tile ms | speed-up | tile, rows in place ms | vs tile |\n"
             + "|---" * 12 + "|\n")
@@ -176,10 +175,8 @@ def _markdown(rows, meta) -> str:
         f"| {r['kv_read_tile']:.3f} | {r['tangram_tile_ms']:.1f} | {r['torch_native_ms'] / r['tangram_tile_ms']:.2f}x "
         f"| {r['tangram_rows_ms']:.1f} | {r['tangram_rows_ms'] / r['tangram_tile_ms']:.2f}x |\n"
         for r in rows)
-    return ("# CPU decode attention, one step over all layers (float32, 1 thread)\n\n"
-            f"`OMP_NUM_THREADS=1 {meta['command']}`\n\nKV read: slots x heads gathered (padding included) over "
-            "the dense cache's. torch_native: SGLang's per-request SDPA loop on the same batch and context.\n\n"
-            + head + body)
+    return ["KV read: slots x heads gathered (padding included) over the dense cache's. torch_native: SGLang's "
+            "per-request SDPA loop on the same batch and context.", "", head + body]
 
 
 if __name__ == "__main__":

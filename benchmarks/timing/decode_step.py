@@ -13,38 +13,32 @@ out. Reported: the median step over repetitions and the median over repetitions 
 server's step over stock's in the same repetition (measured side by side, so the machine's
 load of the moment is shared).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decode_step.py --profiles configs/smollm2-snapkv.yaml \\
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.timing.decode_step --profiles configs/smollm2-snapkv.yaml \\
         --ratio 0.25 --uniform-1
-    # writes benchmarks/results/decode_step.{json,md}; on a GPU host (bash launch/setup.sh there)
+    # writes benchmarks/results/timing/decode_step.{json,md}; on a GPU host (bash launch/setup.sh there)
     # the same command times stock's default GPU backend against the Triton data plane
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "launch"))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from benchmarks.common.client import generate
+from benchmarks.common.models import ensure_model
+from benchmarks.common.paths import result_path
+from benchmarks.common.stamp import stamp
+from benchmarks.timing.prefill_cost import prompts, uniform_profile_file, write_report
+from tangram_sglang.sglang.server_process import ServerProcess
 
-from tangram_sglang.sglang.server_process import ServerProcess  # noqa: E402
 
-
-def generate(url: str, ids: list[int], new_tokens: int) -> int:
-    body = json.dumps({"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens,
-                                                              "ignore_eos": True}}).encode()
-    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=3600) as r:
-        out = json.loads(r.read())
+def generate_exactly(url: str, ids: list[int], new_tokens: int) -> int:
+    """Greedy /generate of ``new_tokens`` tokens (ignore_eos); raises if the server made another count."""
+    out = generate(url, ids, new_tokens, ignore_eos=True)
     got = len(out.get("output_ids") or []) or int(out["meta_info"]["completion_tokens"])
     if got != new_tokens:
         raise RuntimeError(f"{url}: {got} tokens generated, {new_tokens} asked")
@@ -55,7 +49,7 @@ def batch_seconds(url: str, batch: list[list[int]], new_tokens: int) -> float:
     """Wall time of the whole batch sent at once."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(batch)) as pool:
-        list(pool.map(lambda ids: generate(url, ids, new_tokens), batch))
+        list(pool.map(lambda ids: generate_exactly(url, ids, new_tokens), batch))
     return time.perf_counter() - t0
 
 
@@ -103,10 +97,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="default: the batch's tokens x 1.25")
     ap.add_argument("--port", type=int, default=31800)
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "decode_step"))
+    ap.add_argument("--out", default=result_path("timing", "decode_step"), help="writes OUT.json and OUT.md")
     args = ap.parse_args(argv)
-    from models import ensure_model
-    from prefill_cost import prompts, uniform_profile_file, write_report
+    run_stamp = stamp(argv)
     from transformers import AutoTokenizer
 
     model_path = ensure_model(args.model)
@@ -120,19 +113,17 @@ def main(argv=None) -> int:
     servers += [(f"Tangram, {os.path.basename(p)} {args.ratio:g}", os.path.abspath(p), args.ratio)
                 for p in args.profiles]
     rows = measure(model_path, servers, batch, args)
-    cmd = "python benchmarks/decode_step.py " + " ".join(sys.argv[1:] if argv is None else argv)
     result = {"model": args.model, "device": device_name(), "batch": args.batch, "context": args.context,
               "new_tokens": args.new_tokens, "reps": args.reps, "max_total_tokens": args.max_total_tokens,
-              "rows": rows, "command": cmd}
-    lines = [f"`{cmd}`", "",
-             f"{args.model} on {result['device']}: a batch of {args.batch} prompts of {args.context} tokens "
+              "rows": rows}
+    lines = [f"{args.model} on {result['device']}: a batch of {args.batch} prompts of {args.context} tokens "
              f"(cached in the tree), {args.new_tokens} decode steps timed, {args.reps} repetitions, servers "
              f"side by side (one busy at a time), --max-total-tokens {args.max_total_tokens} each.", "",
              "| server | median ms per decode step | vs stock (median of per-repetition ratios) |", "|---|---|---|"]
     lines += [f"| {r['server']} | {r['step_ms']} | {r['vs_stock']} |" for r in rows]
-    write_report(args.out, result, lines)
+    write_report(args.out, "Served decode step against stock SGLang", result, lines, run_stamp)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -18,23 +18,21 @@ stored per token (summed over ranks), as a share of full KV (L x H slots):
 Budgets are computed once per (model, scorer, ratio) from the reference
 retention data; H_p is capped at the heads one rank holds.
 
-    .venv/bin/python benchmarks/tp_memory.py --out benchmarks/results/tp_memory
+    .venv/bin/python -m benchmarks.modeled.tp_memory   # -> benchmarks/results/modeled/tp_memory.{md,json}
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tangram_sglang.method.grouping import group_budgets, group_heads  # noqa: E402
-from tangram_sglang.profile.reference_import import available, reference_profile  # noqa: E402
-from tangram_sglang.profile.tensor_parallel import (  # noqa: E402
+from benchmarks.common.paths import result_path
+from benchmarks.common.results import write_json, write_markdown
+from benchmarks.common.stamp import stamp
+from tangram_sglang.method.grouping import group_budgets, group_heads
+from tangram_sglang.profile.reference_import import available, reference_profile
+from tangram_sglang.profile.tensor_parallel import (
     equalized_betas,
     group_for_tp,
     heads_per_group_for,
@@ -86,8 +84,9 @@ def main(argv=None) -> None:
     ap.add_argument("--ratios", nargs="+", type=float, default=[0.25, 0.5])
     ap.add_argument("--heads-per-group", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--tp", nargs="+", type=int, default=[2, 4, 8])
-    ap.add_argument("--out", default="benchmarks/results/tp_memory")
+    ap.add_argument("--out", default=result_path("modeled", "tp_memory"), help="writes OUT.md and OUT.json")
     args = ap.parse_args(argv)
+    run_stamp = stamp(argv)
     rows = []
     for model in MODELS:
         for scorer in args.scorers:
@@ -101,17 +100,12 @@ def main(argv=None) -> None:
                         if heads_per_group_for(prof.model.num_kv_heads, t, hpg) != hpg:
                             continue  # H_p larger than a rank's heads: that row is the smaller H_p's
                         rows.append({"model": model, "scorer": scorer, **row(prof, entry, hpg, t)})
-    lines = [f"`.venv/bin/python benchmarks/tp_memory.py --out {args.out}`", "",
-             "KV slots stored per token, summed over all ranks, as a share of full KV (L x H). "
+    lines = ["KV slots stored per token, summed over all ranks, as a share of full KV (L x H). "
              "TP=1: groups over all heads of a layer; shard groups: within each rank's heads, each rank at its own "
              "budgets; TP=t served: shard groups with every rank's budgets raised to the same multiset, so "
              "ranks admit alike without talking (tangram_sglang/tensor_parallel.py).", "", *table(rows)]
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(args.out + ".json", "w") as f:
-        json.dump(rows, f, indent=1)
-    print("\n".join(lines))
+    write_json(args.out + ".json", {"rows": rows}, run_stamp)
+    print(write_markdown(args.out + ".md", "What tensor parallelism costs a profile in KV memory", lines, run_stamp))
 
 
 if __name__ == "__main__":

@@ -2,14 +2,14 @@
 
 kvpress 0.5.5 needs transformers < 5.3, which the project's own .venv cannot hold,
 so the peer lives in its own venv and is driven as a subprocess
-(``benchmarks/kvpress_runner.py``). Standard library only; run it with the project's
+(``benchmarks/fidelity/kvpress_runner.py``). Standard library only; run it with the project's
 python.
 
 Contract of ``ensure_kvpress_env() -> str``:
 
 * the venv is ``$TANGRAM_CACHE/venvs/kvpress-0.5.5`` (TANGRAM_CACHE defaults to
   ``~/.cache/tangram_sglang``), created with ``python3 -m venv``;
-* it holds exactly the pins of ``benchmarks/kvpress-requirements.txt``, installed
+* it holds exactly the pins of ``benchmarks/fidelity/kvpress-requirements.txt``, installed
   with the same file as a pip constraint file, so nothing can pull another torch
   (the pinned torch is the CPU wheel found through ``--find-links /opt/wheels``);
 * after the install it checks that torch is a ``+cpu`` build, that no ``nvidia-*``
@@ -19,7 +19,7 @@ Contract of ``ensure_kvpress_env() -> str``:
   missing or stale one is rebuilt from scratch. A file lock serializes builders;
 * returns the venv's python path.
 
-Command line: ``.venv/bin/python benchmarks/kvpress_env.py`` builds (if needed) and
+Command line: ``.venv/bin/python -m benchmarks.fidelity.kvpress_env`` builds (if needed) and
 prints that path.
 """
 

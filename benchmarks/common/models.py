@@ -1,0 +1,29 @@
+"""The models the benchmarks serve, installed and converted by launch/models.py (loaded by path:
+launch/ is a folder of scripts, not a package)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+
+from benchmarks.common.paths import ROOT
+
+MODULE = "tangram_launch_models"  # the name tests/conftest.py loads it under: one module either way
+
+
+@functools.cache
+def _launch_models():
+    if MODULE in sys.modules:
+        return sys.modules[MODULE]
+    spec = importlib.util.spec_from_file_location(MODULE, os.path.join(ROOT, "launch", "models.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MODULE] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def ensure_model(key: str) -> str:
+    """The converted model folder of ``key`` (a launch/models.py name: smollm2, qwen2.5-0.5b, ...)."""
+    return _launch_models().ensure_model(key)

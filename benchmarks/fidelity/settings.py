@@ -1,0 +1,21 @@
+"""The fidelity benchmark's settings: the profiles it serves, the oracle and kvpress settings, the tags
+that name variants of a setting. Shared by the runners, the code versions and the report."""
+
+from __future__ import annotations
+
+import re
+
+from benchmarks.common.paths import result_path
+
+PROFILES = {"smollm2": "configs/smollm2-snapkv.yaml", "qwen2.5-0.5b": "configs/qwen2.5-0.5b-snapkv.yaml"}
+ORACLE = ("static", "dynamic", "uniform")
+KVPRESS = ("kvpress-snapkv", "kvpress-adakv-snapkv", "kvpress-kvzip")
+CHUNK = 512
+DEFAULT_PROTECT = (4, 64)
+RUNS = result_path("fidelity", "fidelity_runs.jsonl")  # fidelity_versions.json lies beside it
+
+
+def base_setting(setting: str) -> str:
+    """'dynamic' of 'dynamic@0,0', 'dynamic~position', 'dynamic[fastkvzip]' (the tags of --protect,
+    --chunking and --profile)."""
+    return re.split(r"[@~\[]", setting)[0]

@@ -1,0 +1,68 @@
+"""Code versions of the fidelity settings: what a setting's recorded answers depend on, hashed, so a
+code change re-runs only the settings it can affect."""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import subprocess
+import sys
+
+from benchmarks.common.paths import ROOT
+from benchmarks.fidelity.settings import ORACLE, base_setting
+from benchmarks.fidelity.store import digest
+
+# package files that cannot change an answer (offline tools, process helpers): not part of the version
+NOT_SERVED = ("/calibration/", "/cpu_compat/", "calibrate.py", "reference_import.py", "uniform_profile.py", "compatibility.py",
+              "server_process.py")
+# the kvpress peer's version: these two files' contents (their place in the tree does not count)
+KVPRESS_FILES = [os.path.join(os.path.dirname(os.path.abspath(__file__)), f)
+                 for f in ("kvpress_runner.py", "kvpress-requirements.txt")]
+
+
+def code_version(setting: str, profile: str) -> str:
+    """What a setting's answers depend on (besides the token ids): the served package for Tangram,
+    only the modules the dense oracle imports for the oracle settings (a data-plane change in
+    attention/ or serving/ cannot change them), the runner for kvpress, SGLang's version for full KV."""
+    if setting == "full":
+        import sglang
+
+        return digest("sglang", sglang.__version__)
+    if setting.startswith("kvpress"):
+        files = KVPRESS_FILES
+    else:
+        package = oracle_files() if base_setting(setting) in ORACLE else sorted(
+            glob.glob(os.path.join(ROOT, "tangram_sglang", "**", "*.py"), recursive=True))
+        files = [f for f in package if not any(part in f for part in NOT_SERVED)] + [profile] + weight_files(profile)
+    return digest(*(open(f, "rb").read() if os.path.exists(f) else f for f in files))
+
+
+ORACLE_MODULES = ("tangram_sglang.oracle.serving_reference", "tangram_sglang.scorers.profile_scorer", "tangram_sglang.profile",
+                  "tangram_sglang.method.protection")
+
+
+@functools.lru_cache(maxsize=1)
+def oracle_files() -> list[str]:
+    """The package files the oracle settings load: imported in a fresh process from ROOT (so a
+    snapshot's own files), listed from its sys.modules."""
+    code = ("import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\n"
+            "print('\\n'.join(sorted(m.__file__ for n, m in list(sys.modules.items())\n"
+            "      if n.startswith('tangram_sglang') and getattr(m, '__file__', None))))")
+    out = subprocess.run([sys.executable, "-c", code, *ORACLE_MODULES], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()
+    outside = [f for f in out if not os.path.abspath(f).startswith(os.path.join(ROOT, "tangram_sglang"))]
+    if outside or not out:
+        raise SystemExit(f"the oracle's modules were not loaded from {ROOT}: {outside or 'none found'}")
+    return out
+
+
+def weight_files(profile: str) -> list[str]:
+    """The scorer weights a profile names (fastkvzip gates): they change answers too."""
+    if not os.path.exists(profile):
+        return []
+    from tangram_sglang.profile import load_profile
+    from tangram_sglang.scorers.profile_scorer import weights_path
+
+    path = weights_path(load_profile(profile), profile)
+    return [path] if path else []

@@ -1,0 +1,82 @@
+"""The records of the ragged pool: what admission returns (Admission), where a chunk's kept KV
+goes (ChunkWrite), what a decode step did (DecodeStep), the page counts (PoolUsage), and the
+pool's record of one request (RequestRecord: its plan, pages, chunks done and how far it is
+published to the tree; the one owner of a request's progress)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tangram_sglang.pool.request_pages import ArenaField, RequestPages, flat_slot_locs
+from tangram_sglang.pool.reservation import ReservationPlan
+from tangram_sglang.pool.segments import Segment
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    plan: ReservationPlan
+    copy_src: np.ndarray  # int64 page ids whose contents must be copied ...
+    copy_dst: np.ndarray  # ... into these pages before the first write
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkWrite:
+    """Where one prefill chunk's kept KV goes, in (page, offset) form:
+
+    pages int32 [L, G, W] (-1 padded) the pages the chunk's slots fall in, in order;
+    offset int64 [L, G] offset of its first slot in pages[..., 0]; counts int64 [L, G] kept slots.
+    Kept slot j of (l, g) lives in page pages[l, g, (offset + j) // P] at (offset + j) % P.
+    ``slot_locs`` gives the flat ids page * P + offset, int64 [L, G, max(counts)], -1 padded.
+    """
+
+    pages: np.ndarray
+    offset: np.ndarray
+    counts: np.ndarray
+    page_size: int
+
+    @property
+    def slot_locs(self) -> np.ndarray:
+        return flat_slot_locs(self.pages, self.offset, self.counts, self.page_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeStep:
+    """One decode step of a batch: locs int64 [B, L, G] slots to write (None if not asked); opened int64 [n, 3]
+    (batch index, v, page id) of the pages the step appended; width the batch's largest
+    page count after the step."""
+    locs: np.ndarray
+    opened: np.ndarray
+    width: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolUsage:
+    total: int
+    free: int
+    reserved: int
+    held_by_requests_only: int
+    held_by_tree: int
+
+
+class RequestRecord:
+    def __init__(self, pages: RequestPages, plan: ReservationPlan, prefix: tuple[Segment, ...]):
+        self.pages = pages
+        self.plan = plan
+        self.prefix = prefix
+        self.reserved_left = plan.pages
+        self.chunk_ends: list[np.ndarray] = []
+        self.published_chunks = 0                     # chunks already handed to the tree
+        self.published_end = plan.prefix_slots.copy()  # slot end of the published chain, [V]
+
+    # reserved_left, taken int32 [V]: views of the arena slot of the request's pages
+    reserved_left = ArenaField()
+    taken = ArenaField()
+
+    def slot_pages(self) -> RequestPages:
+        return self.pages
+
+    @property
+    def prefill_done(self) -> bool:
+        return len(self.chunk_ends) == len(self.plan.chunk_tokens)

@@ -1,0 +1,142 @@
+"""Admission by exact reservation, and the questions SGLang asks about room.
+
+Admission owns the rule "reserve exactly what a request will use, or wait": the pages of a
+request's whole chunk schedule (prefix shared, every chunk compressed, protected tokens kept,
+plus decode room) are reserved at once, evicting unlocked tree leaves first through the
+evictor it was handed (``evict(pages) -> bool``, the radix tree's). It also answers SGLang's
+arrival questions (can this prompt ever fit, how many tokens may it generate) and its decode
+capacity check, all from exact plans over the pool's integers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from tangram_sglang.method.chunks import extend_schedule
+from tangram_sglang.method.protection import chunk_protection, min_keep
+from tangram_sglang.pool import RaggedKVCache
+from tangram_sglang.pool.reservation import plan_reservation
+from tangram_sglang.pool.spec import RequestTooLargeError
+from tangram_sglang.serving.context import ServingContext
+
+logger = logging.getLogger("tangram_sglang")
+
+
+@dataclass
+class PoolCounters:
+    """Monotone counters for /server_info (read by the benchmarks)."""
+
+    admitted: int = 0
+    waited: int = 0
+    too_large: int = 0
+    capped: int = 0
+    retracted: int = 0
+    evicted_segments: int = 0
+    peak_admitted: int = 0  # most requests ever holding pages at once (admitted, not yet released)
+    peak_pages_used: int = 0
+
+
+def _never_evicts(pages: int) -> bool:
+    return False
+
+
+class AdmissionControl:
+    def __init__(self, context: ServingContext, cache: RaggedKVCache, counters: PoolCounters):
+        self.context, self.cache, self.counters = context, cache, counters
+        self.evict: Callable[[int], bool] = _never_evicts   # the radix tree's evict_pages, once it exists
+        self._max_prompt: int | None = None
+
+    def pages_alone(self, prompt_tokens: int, decode_tokens: int) -> int:
+        """Pages a request needs with the pool to itself: no prefix, its prompt compressed."""
+        ctx = self.context
+        V = ctx.spec.num_virtual
+        sched = extend_schedule(min(prompt_tokens, ctx.chunk), prompt_tokens, ctx.chunk)
+        floor = min_keep(chunk_protection(ctx.protection, 0, sched, prompt_tokens))
+        plan = plan_reservation(self.cache.beta, sched, page_size=ctx.spec.page_size, decode_tokens=decode_tokens,
+                                prefix_slots=np.zeros(V, np.int64), extend_in_place=np.zeros(V, bool),
+                                min_keep=floor)
+        return plan.total_pages
+
+    def never_fits(self, prompt_tokens: int) -> str | None:
+        """Why a prompt can never be served by this pool (None if it can): no prefix, one decode token."""
+        if prompt_tokens <= 0:  # stock SGLang crashes its scheduler on it (0.5.23, CPU): refuse it
+            return "Tangram: the prompt is empty; send at least one token"
+        pages = self.context.spec.num_pages
+        need = self.pages_alone(prompt_tokens, 1)
+        if need > pages:
+            return (f"Tangram: the prompt of {prompt_tokens} tokens needs {need} pages of the "
+                    f"ragged KV pool after compression, but the whole pool has {pages}; "
+                    "it can never be served (shorten it or serve with a larger pool)")
+        return None
+
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt the pool can ever serve (alone, no prefix, one generated token);
+        computed once (binary search over exact plans)."""
+        if self._max_prompt is None:
+            fits = lambda n: self.pages_alone(n, 1) <= self.context.spec.num_pages  # noqa: E731
+            hi = 1
+            while fits(hi):
+                hi *= 2
+            self._max_prompt = _largest_fitting(fits, hi // 2, hi)
+        return self._max_prompt
+
+    def max_decode_tokens(self, prompt_tokens: int, wanted: int) -> int:
+        """The largest d <= wanted the pool can hold for this prompt plus d generated tokens with
+        nothing else in it (binary search over exact plans); counted in counters.capped when it is
+        below wanted. A prompt that never fits keeps wanted: the arrival hook
+        (scheduling.refuse_never_fitting) refuses it next, naming the pool's pages."""
+        pages = self.context.spec.num_pages
+        if prompt_tokens <= 0 or self.pages_alone(prompt_tokens, 1) > pages:
+            return max(0, wanted)
+        fits = lambda d: self.pages_alone(prompt_tokens, d) <= pages  # noqa: E731
+        if fits(max(1, wanted)):
+            return max(0, wanted)
+        lo = _largest_fitting(fits, 1, max(1, wanted))
+        self.counters.capped += 1
+        logger.warning("Tangram: max_new_tokens capped from %d to %d: the ragged pool (%d pages) can hold no more "
+                       "for a %d-token prompt", wanted, lo, pages, prompt_tokens)
+        return lo
+
+    def reserve(self, rid: str, sched: list[int], decode_tokens: int, prefix_chain, protect):
+        """cache.admit, evicting unlocked tree leaves until it fits; None if it cannot now.
+
+        Evicts the pages the refused plan lacked in one pass (not a page per retry).
+
+        Decode room is SGLang's estimate, not a need: if it alone makes the request larger than
+        the whole pool, reserve one decode token and let decode grow (or retract) on demand.
+        Raises RequestTooLargeError only when the prefill itself can never fit.
+        """
+        while True:
+            try:
+                adm = self.cache.admit(rid, chunk_tokens=sched, decode_tokens=decode_tokens, prefix=prefix_chain,
+                                       min_keep=min_keep(protect))
+            except RequestTooLargeError:  # raised before anything is reserved
+                if decode_tokens <= 1:
+                    raise
+                decode_tokens = 1
+                continue
+            if adm is not None:
+                return adm
+            if not self.evict(max(1, self.cache.last_shortfall)):
+                return None
+
+    def ensure_decode_room(self, rids) -> bool:
+        """SGLang's decode capacity check: evict tree leaves until the next decode step of rids
+        fits, then reserve its pages (nothing can take them before the step runs: a decode
+        step never lacks pages); False if it cannot fit (SGLang retracts)."""
+        while (short := self.cache.reserve_decode_step(rids)) > 0:
+            if not self.evict(short):
+                return False
+        return True
+
+
+def _largest_fitting(fits, lo: int, hi: int) -> int:
+    """The largest n in [lo, hi) with fits(n), given fits is monotone, fits(lo) (or lo == 0) and not fits(hi)."""
+    while lo < hi - 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

@@ -1,0 +1,102 @@
+"""What a scheduler process serves with, fixed once its pool is sized: the ServingContext.
+
+Two steps, because SGLang learns the model's memory budget after it starts building the
+scheduler: ``LoadedProfile.load`` when Scheduler.__init__ starts (the profile, its entry and
+scorer), then ``build_context`` when the KV configurator has sized stock SGLang's cache (the
+pool's spec from the same bytes, this TP rank's view, the per-layer attention metadata). The
+result is frozen: nothing in it changes while the server runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tangram_sglang.attention import build_layer_metas, make_split_rows
+from tangram_sglang.method.protection import Protection
+from tangram_sglang.pool.spec import PoolSpec
+from tangram_sglang.profile import ModelShape, RatioEntry, TangramProfile, load_profile
+from tangram_sglang.profile.tensor_parallel import rank_view, shard_of_rank, shards
+from tangram_sglang.scorers import Scorer
+from tangram_sglang.scorers.base import HeadShard
+from tangram_sglang.scorers.profile_scorer import profile_scorer
+
+DEFAULT_CHUNK = 512
+
+
+def chunk_size_of(profile: TangramProfile) -> int:
+    """The compression chunk: the calibration's chunk size (the budgets were measured on it)."""
+    return int(profile.calibration.chunk_size) or DEFAULT_CHUNK
+
+
+@dataclass(frozen=True)
+class LoadedProfile:
+    """--tangram-profile / --tangram-ratio, read in the scheduler process."""
+
+    path: str
+    profile: TangramProfile
+    ratio: float | None
+    scorer: Scorer
+
+    @classmethod
+    def load(cls, path: str, ratio: float | None) -> "LoadedProfile":
+        profile = load_profile(path)
+        profile.select(ratio)  # a ratio the profile lacks fails here, before any pool is built
+        return cls(path, profile, ratio, profile_scorer(profile, path))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingContext:
+    path: str
+    profile: TangramProfile
+    ratio: float | None
+    entry: RatioEntry              # this TP rank's view of the served entry
+    tp: tuple[int, int]            # (TP size, this rank)
+    chunk: int                     # compression chunk (tokens)
+    protection: Protection
+    scorer: Scorer                 # of this rank's KV heads
+    spec: PoolSpec
+    stock_tokens: int              # full-KV tokens stock SGLang would hold in the same bytes
+    full_kv_token_bytes: int       # one token's K and V in every layer and KV head of this rank
+    data_plane: str                # "torch", "triton" or "cuda"
+    device: object
+    metas: list                    # per layer: attention.LayerMeta
+    split_rows: list               # per layer: attention.SplitRow
+
+    @property
+    def logical_tokens(self) -> int:
+        """Token ids SGLang's allocator gets: enough for every token the pages could ever hold,
+        so pages, not ids, are what binds (an id costs 8 bytes of free list)."""
+        slots_per_token = float(self.entry.group_budget.sum())
+        logical = int(self.spec.num_pages * self.spec.page_size / max(slots_per_token, 1e-6)) * 4
+        return max(logical, 16 * self.stock_tokens)
+
+
+def build_context(loaded: LoadedProfile, hf_config, *, stock_tokens: int, dtype: torch.dtype, device,
+                  page_size: int, num_q_heads: int, tp_size: int = 1, tp_rank: int = 0,
+                  data_plane: str = "torch", chunk: int | None = None,
+                  protection: Protection = Protection()) -> ServingContext:
+    """Size the ragged pool from the bytes stock SGLang would give its KV cache (one rank's:
+    num_q_heads and the KV heads are the rank's share; tensor_parallel.rank_view). Raises
+    ProfileError when the profile was not made for this model."""
+    profile = loaded.profile
+    profile.check_model(ModelShape.from_hf_config(hf_config))
+    view = rank_view(profile, tp_size, tp_rank)
+    entry, shape, scorer = view.select(loaded.ratio), view.model, loaded.scorer
+    if tp_size > 1 and scorer.needs_hidden:  # gates rate all heads: keep this rank's
+        H = profile.model.num_kv_heads
+        scorer = HeadShard(scorer, shards(H, tp_size)[shard_of_rank(H, tp_size, tp_rank)])
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    token_bytes = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * itemsize
+    spec = PoolSpec.for_bytes(int(stock_tokens) * token_bytes, num_layers=shape.num_layers,
+                              num_groups=entry.num_groups, heads_per_group=view.heads_per_group,
+                              head_dim=shape.head_dim, page_size=page_size,
+                              dtype=str(dtype).replace("torch.", ""))
+    metas = build_layer_metas(entry, num_q_heads=num_q_heads, num_kv_heads=shape.num_kv_heads,
+                              heads_per_group=view.heads_per_group, device=device)
+    return ServingContext(path=loaded.path, profile=profile, ratio=loaded.ratio, entry=entry,
+                          tp=(tp_size, tp_rank), chunk=chunk or chunk_size_of(profile), protection=protection,
+                          scorer=scorer, spec=spec, stock_tokens=int(stock_tokens), full_kv_token_bytes=token_bytes,
+                          data_plane=data_plane, device=device, metas=metas,
+                          split_rows=make_split_rows(entry.split_map, device=device))
