@@ -1,15 +1,15 @@
-"""HTTP helpers of the end-to-end tests: requests, the pool's counters, hang-ups, log checks."""
+"""HTTP helpers of the end-to-end tests: requests, the pool's counters, hang-ups, log checks.
+(The essay corpus the tests send is the benchmarks' own: benchmarks.common.corpus.)"""
 
 from __future__ import annotations
 
-import glob
 import http.client
 import json
-import os
 import time
 import urllib.error
 import urllib.request
 
+from benchmarks.common.corpus import essay_token_ids  # noqa: F401  (re-exported for the tests)
 from tangram_sglang.sglang.server_process import ServerProcess
 
 
@@ -91,14 +91,3 @@ def stream_and_hang_up(port: int, payload: dict, chunks: int) -> int:
         return got
     finally:
         conn.close()
-
-
-
-def essay_token_ids(tokenizer) -> list[int]:
-    """~24K token ids of real English (Paul Graham essays, the calibration package)."""
-    from tangram_sglang.calibration.datasets import essays_dir
-
-    files = sorted(glob.glob(os.path.join(essays_dir(), "*.txt")))[:8]
-    ids = tokenizer("\n\n".join(open(f).read() for f in files), add_special_tokens=False)["input_ids"]
-    assert len(ids) > 12000
-    return ids
