@@ -494,6 +494,8 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                       "token ids and code version (runs resume from it)",
                       lambda: f"{line_count('fidelity/fidelity_runs.jsonl'):,} recorded answers",
                       "written by `.venv/bin/python -m benchmarks.fidelity.run`, which appends every answer"),
+    "behaviour": ("Answers of the served profiles before and after a code change, every conversation of the set "
+                  "(the evidence that a restructuring kept behaviour)", lambda: behaviour_headline(), None),
     "fidelity_versions": ("Code versions of fidelity settings shown to give identical answers, with the evidence",
                           lambda: f"{len(load('fidelity/fidelity_versions.json'))} version links",
                           "written by `.venv/bin/python -m benchmarks.fidelity.run --carry-from VERSION`"),
@@ -585,6 +587,12 @@ def clean_command(cmd: str, kind: str) -> str:
         if i == 0 or not words[i - 1].endswith("python"):
             words.insert(i, ".venv/bin/python")
     return " ".join(words)
+
+
+def behaviour_headline() -> str:
+    rows = load("fidelity/behaviour.json")["rows"]
+    return "; ".join(f"{r['model']} {r['setting']} {r['ratio']:g}: {r['identical']}/{r['conversations']} identical"
+                     for r in rows)
 
 
 def command_of(kind: str, files: list[str]) -> str | None:
