@@ -73,7 +73,8 @@ def ragged_measured(budgets, hp, strategy, page_size, chunks, decode, head_dim) 
     for n in chunks:
         cache.prefill_chunk("r", n)
     for _ in range(decode):
-        cache.decode(["r"])
+        if cache.decode_step(["r"]) is None:
+            raise AssertionError("a decode step ran out of pages inside the reservation")
     held = spec.num_pages - cache.pool.num_free
     if held != plan.total_pages:
         raise AssertionError(f"pool holds {held} pages, the reservation said {plan.total_pages}")

@@ -3,10 +3,12 @@
 Workload per batch of B requests: N prompt tokens in chunks of C, D decode steps (batched over
 the B requests), then release. Per virtual layer v the budget beta_v is drawn in [0.05, 1].
 
-  tangram          RaggedKVCache: admit (exact plan + reserve), prefill_chunk (draw + slot ids),
-                   decode (batched), finish/abort. Vectorized over V = L x G with numpy.
-  tangram_tables   the above plus the views for the attention side: flat slot ids of every
-                   chunk and the decode block table [B, L, G, W] rebuilt every step.
+  tangram          RaggedKVCache, the served calls: admit (exact plan + reserve), prefill_chunk
+                   (draw + slot ids), per decode step (batched) the capacity check
+                   reserve_decode_step and decode_step, release. Vectorized over V = L x G with numpy.
+  tangram_tables   the above plus the views for the attention side, as served: flat slot ids of
+                   every chunk, DeviceBlockTables (here on CPU) loaded after every chunk, and its
+                   decode (write slots and lengths from the step's opened pages) every step.
   compress_reclaim the same pool and block table, but no plan: each chunk allocates its
                    uncompressed length in every v, then, once compression is known, frees the
                    pages past the kept slots and truncates the table (compress-then-reclaim).
@@ -25,9 +27,10 @@ columns compare; ratios are to `tangram`.
 ``--decode-step`` measures one decode step of a running batch instead (B requests holding
 --contexts tokens each), host microseconds per step:
 
-  rebuild          the pool's decode + the block table [B, L, G, W] rebuilt on the host and
-                   copied (the serving path before DeviceBlockTables)
-  host             the pool's decode + the pages the step opened (serving/block_tables.py):
+  rebuild          the pool's decode_step + the block table [B, L, G, W] rebuilt on the host
+                   (pool/block_table.py), the write slots read from it and both copied (the
+                   serving path before DeviceBlockTables)
+  host             the pool's decode_step: the pages the step opened (serving/block_tables.py),
                    the host's share of the served step now, O(B x V)
   device_tables    DeviceBlockTables.decode + seq_lens: one copy of the deltas, write slots and
                    lengths computed by torch ops (on a GPU these are device work; here on CPU);
@@ -51,13 +54,16 @@ from benchmarks.common.paths import RESULTS
 from benchmarks.common.results import write_json, write_markdown
 from benchmarks.common.stamp import stamp
 from tangram_sglang.method.budgets import keep_count
-from tangram_sglang.pool import PagePool, PoolSpec, RaggedKVCache, RequestPages, plan_reservation
+from tangram_sglang.pool import PagePool, PoolSpec, RaggedKVCache, RequestPages, build_layer_tables, plan_reservation
 from tangram_sglang.pool.request_pages import ragged_index
 
 
 def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
+    from tangram_sglang.serving.block_tables import DeviceBlockTables
+
     spec = PoolSpec(num_layers=L, num_groups=G, heads_per_group=1, head_dim=1, page_size=P, num_pages=_pages(beta, P, batch, chunks, decode))
     cache = RaggedKVCache(spec, beta.reshape(L, G))
+    dev = DeviceBlockTables(L, G, P, "cpu", rows=batch) if tables else None
     t0 = time.perf_counter()
     rids = list(range(batch))
     for r in rids:
@@ -67,13 +73,17 @@ def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
             w = cache.prefill_chunk(r, n)
             if tables:
                 w.slot_locs
+        if tables:  # rows == rids; an extend loads its rows whole
+            dev.load(rids, rids, [cache.requests[r].pages for r in rids])
     t1 = time.perf_counter()
     for _ in range(decode):
-        cache.decode(rids)
+        if cache.reserve_decode_step(rids) != 0:
+            raise AssertionError("the pool is sized for every decode step")
+        step = cache.decode_step(rids)
         if tables:
-            cache.build_layer_tables(rids)
+            dev.decode(rids, step.opened, step.width)
     for r in rids:
-        cache.abort(r)
+        cache.release(r)
     return t1 - t0, time.perf_counter() - t0
 
 
@@ -214,10 +224,13 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
     t_rebuild = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        cache.decode(rids)
-        table, lens = cache.build_layer_tables(rids)
+        cache.decode_step(rids)
+        table, lens = build_layer_tables([cache.requests[r].pages for r in rids], L, G)
+        s = lens.astype(np.int64) - 1                              # the slot this step writes
+        locs = np.take_along_axis(table, (s // P)[..., None], axis=-1)[..., 0].astype(np.int64) * P + s % P
         torch.from_numpy(np.ascontiguousarray(table.transpose(1, 0, 2, 3)))
         torch.from_numpy(np.ascontiguousarray(lens.transpose(1, 0, 2)))
+        torch.from_numpy(locs)
         t_rebuild.append(time.perf_counter() - t0)
     tables = DeviceBlockTables(L, G, P, "cpu", rows=batch)
     tables.load(rids, rids, [cache.requests[r].pages for r in rids])
@@ -230,7 +243,7 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
         t_check.append(time.perf_counter() - tc)
         t0 = time.perf_counter()
         rows = decode_rows.get(rids, resolve)
-        step = cache.decode_step(rids, locs=False)
+        step = cache.decode_step(rids)
         t1 = time.perf_counter()
         rows_t, _ = tables.decode(rows, step.opened, step.width)
         tables.seq_lens(rows_t)

@@ -24,6 +24,63 @@ from tangram_sglang.attention.layer_meta import LayerMeta
 from tangram_sglang.attention.split_row import SplitRow
 
 
+# Helpers shared by the kernels here and in triton_prefill.py. They live in this module,
+# not a separate one, because the tests reload it after setting TRITON_INTERPRET, and an
+# interpreted kernel can only call helpers decorated in interpreter mode too.
+
+
+@triton.jit
+def _load_tile(base, rows, stride, rmask, BLOCK_D: tl.constexpr, D: tl.constexpr):
+    """Tile [R, BLOCK_D] of rows [R] (stride elements apart) of base, zero outside rmask [R] x D."""
+    cols = tl.arange(0, BLOCK_D)
+    return tl.load(base + rows[:, None] * stride + cols[None, :], mask=rmask[:, None] & (cols < D)[None, :], other=0.0)
+
+
+@triton.jit
+def _store_tile(base, rows, stride, rmask, x, BLOCK_D: tl.constexpr, D: tl.constexpr):
+    """Stores x [R, BLOCK_D] to rows [R] (stride elements apart) of base, within rmask [R] x D."""
+    cols = tl.arange(0, BLOCK_D)
+    tl.store(base + rows[:, None] * stride + cols[None, :], x, mask=rmask[:, None] & (cols < D)[None, :])
+
+
+@triton.jit
+def _paged_rows(bt_row, slot, nmask, p, PAGE: tl.constexpr, HP: tl.constexpr):
+    """Rows int64 [N] of head slot p in a K/V pool [pages * PAGE, HP, D] seen as [rows, D]:
+    slots [N] (live where nmask) looked up in the block-table row bt_row [max_pages]."""
+    page = tl.load(bt_row + slot // PAGE, mask=nmask, other=0).to(tl.int64)  # int64: pool offsets can pass 2**31
+    return (page * PAGE + slot % PAGE) * HP + p
+
+
+@triton.jit
+def _softmax_init(BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Empty online-softmax state float32: (max [R] = -inf, sum [R] = 0, acc [R, BLOCK_D] = 0)."""
+    return (tl.full([BLOCK_R], float("-inf"), tl.float32), tl.zeros([BLOCK_R], tl.float32),
+            tl.zeros([BLOCK_R, BLOCK_D], tl.float32))
+
+
+@triton.jit
+def _attend(q, k, v, nmask, m_i, l_i, acc, sm_scale, PRECISION: tl.constexpr):
+    """One online-softmax step: q [R, BLOCK_D] against k, v [N, BLOCK_D] (keys live where
+    nmask [N]); returns the updated state (m_i [R], l_i [R], acc [R, BLOCK_D]) float32."""
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
+    qk = tl.where(nmask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp(m_i - m_new)
+    prob = tl.exp(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(prob, 1)
+    acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _finish(m, den, acc):
+    """(o [R, BLOCK_D], lse [R]) of a softmax state m, den [R], acc [R, BLOCK_D]; a row that
+    saw no key (den 0) gives o = acc = 0 and lse = -inf rather than 0/0."""
+    has = den > 0
+    den_safe = tl.where(has, den, 1.0)
+    return acc / den_safe[:, None], tl.where(has, m + tl.log(den_safe), float("-inf"))
+
+
 @triton.jit
 def _split_kernel(Q, K, V, BT, ROWS, LENS, SPLITS, CTA_G, CTA_S, QH, GSIZE, MID_O, MID_LSE, sm_scale,
                   stride_qb, stride_qh, stride_btb, stride_btg, stride_lb, num_ctas,
@@ -41,41 +98,23 @@ def _split_kernel(Q, K, V, BT, ROWS, LENS, SPLITS, CTA_G, CTA_S, QH, GSIZE, MID_
     end = tl.minimum(start + piece, n)
     gsize = tl.load(GSIZE + g)
     offs_q = tl.arange(0, BLOCK_Q)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     qmask = offs_q < GQA
-    dmask = offs_d < D
     bt_row = BT + tl.load(ROWS + b) * stride_btb + g * stride_btg
     for p in tl.static_range(HP):
         if p < gsize:
             qh = tl.load(QH + (g * HP + p) * GQA + offs_q, mask=qmask, other=0)
-            q = tl.load(Q + b * stride_qb + qh[:, None] * stride_qh + offs_d[None, :],
-                        mask=qmask[:, None] & dmask[None, :], other=0.0)
-            m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-            l_i = tl.zeros([BLOCK_Q], tl.float32)
-            acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+            q = _load_tile(Q + b * stride_qb, qh, stride_qh, qmask, BLOCK_D, D)
+            m_i, l_i, acc = _softmax_init(BLOCK_Q, BLOCK_D)
             for t0 in range(start, end, BLOCK_N):
-                slot = t0 + offs_n
+                slot = t0 + tl.arange(0, BLOCK_N)
                 nmask = slot < end
-                page = tl.load(bt_row + slot // PAGE, mask=nmask, other=0).to(tl.int64)
-                loc = page * PAGE + slot % PAGE
-                kv = (loc * HP + p)[:, None] * D + offs_d[None, :]
-                kvmask = nmask[:, None] & dmask[None, :]
-                k = tl.load(K + kv, mask=kvmask, other=0.0)
-                qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
-                qk = tl.where(nmask[None, :], qk, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(qk, 1))
-                alpha = tl.exp(m_i - m_new)
-                prob = tl.exp(qk - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(prob, 1)
-                v = tl.load(V + kv, mask=kvmask, other=0.0)
-                acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
-                m_i = m_new
-            has = l_i > 0
-            lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-            o = acc / tl.where(has, l_i, 1.0)[:, None]
+                kv = _paged_rows(bt_row, slot, nmask, p, PAGE, HP)
+                k = _load_tile(K, kv, D, nmask, BLOCK_D, D)
+                v = _load_tile(V, kv, D, nmask, BLOCK_D, D)
+                m_i, l_i, acc = _attend(q, k, v, nmask, m_i, l_i, acc, sm_scale, PRECISION)
+            o, lse = _finish(m_i, l_i, acc)
             row = (b * num_ctas + c) * (HP * GQA) + p * GQA + offs_q
-            tl.store(MID_O + row[:, None] * D + offs_d[None, :], o, mask=qmask[:, None] & dmask[None, :])
+            _store_tile(MID_O, row, D, qmask, o, BLOCK_D, D)
             tl.store(MID_LSE + row, lse, mask=qmask)
 
 
@@ -85,20 +124,14 @@ def _merge_kernel(MID_O, MID_LSE, SPLITS, CTA_OFF, QH, GSIZE, O, LSE, stride_ob,
                   BLOCK_D: tl.constexpr):
     b = tl.program_id(0)
     g = tl.program_id(1)
-    nsplit = tl.load(SPLITS + g)
-    off = tl.load(CTA_OFF + g)
-    gsize = tl.load(GSIZE + g)
     rows = tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    rmask = rows < gsize * GQA
-    dmask = offs_d < D
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    den = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for s in range(0, nsplit):
-        row = (b * num_ctas + off + s) * (HP * GQA) + rows
+    rmask = rows < tl.load(GSIZE + g) * GQA
+    first = b * num_ctas + tl.load(CTA_OFF + g)
+    m, den, acc = _softmax_init(BLOCK_R, BLOCK_D)
+    for s in range(0, tl.load(SPLITS + g)):
+        row = (first + s) * (HP * GQA) + rows
         lse = tl.load(MID_LSE + row, mask=rmask, other=float("-inf"))
-        o = tl.load(MID_O + row[:, None] * D + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
+        o = _load_tile(MID_O, row, D, rmask, BLOCK_D, D)
         m_new = tl.maximum(m, lse)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - m_safe)
@@ -106,12 +139,9 @@ def _merge_kernel(MID_O, MID_LSE, SPLITS, CTA_OFF, QH, GSIZE, O, LSE, stride_ob,
         den = den * alpha + w
         acc = acc * alpha[:, None] + o * w[:, None]
         m = m_new
-    has = den > 0
-    out = acc / tl.where(has, den, 1.0)[:, None]
+    out, lse_out = _finish(m, den, acc)
     qh = tl.load(QH + g * (HP * GQA) + rows, mask=rmask, other=0)
-    tl.store(O + b * stride_ob + qh[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
-             mask=rmask[:, None] & dmask[None, :])
-    lse_out = tl.where(has, m + tl.log(tl.where(has, den, 1.0)), float("-inf"))
+    _store_tile(O + b * stride_ob, qh, stride_oh, rmask, out.to(O.dtype.element_ty), BLOCK_D, D)
     tl.store(LSE + b * stride_lseb + qh, lse_out, mask=rmask)
 
 

@@ -24,7 +24,8 @@ import triton.language as tl
 from tangram_sglang.attention.layer_meta import LayerMeta
 from tangram_sglang.attention.merge import merge_two
 from tangram_sglang.attention.split_row import SplitRow
-from tangram_sglang.attention.triton_decode import _pow2, ragged_decode_triton
+from tangram_sglang.attention.triton_decode import (_attend, _load_tile, _pow2, _softmax_init, _store_tile,
+                                                    ragged_decode_triton)
 
 
 @triton.jit
@@ -33,34 +34,19 @@ def _chunk_self_kernel(Q, K, V, START, O, LSE, sm_scale, stride_qt, stride_qh, s
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     t = tl.program_id(0)
     h = tl.program_id(1)
-    start = tl.load(START + t)
     offs_q = tl.arange(0, BLOCK_Q)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     qmask = offs_q < GQA
-    dmask = offs_d < D
     qh = h * GQA + offs_q
-    q = tl.load(Q + t * stride_qt + qh[:, None] * stride_qh + offs_d[None, :],
-                mask=qmask[:, None] & dmask[None, :], other=0.0)
-    m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_Q], tl.float32)
-    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-    for s0 in range(start, t + 1, BLOCK_N):
-        tok = s0 + offs_n
+    q = _load_tile(Q + t * stride_qt, qh, stride_qh, qmask, BLOCK_D, D)
+    m_i, l_i, acc = _softmax_init(BLOCK_Q, BLOCK_D)
+    for s0 in range(tl.load(START + t), t + 1, BLOCK_N):
+        tok = s0 + tl.arange(0, BLOCK_N)
         nmask = tok <= t
-        kvmask = nmask[:, None] & dmask[None, :]
-        k = tl.load(K + tok[:, None] * stride_kt + h * stride_kh + offs_d[None, :], mask=kvmask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
-        qk = tl.where(nmask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp(m_i - m_new)
-        prob = tl.exp(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(prob, 1)
-        v = tl.load(V + tok[:, None] * stride_vt + h * stride_vh + offs_d[None, :], mask=kvmask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        k = _load_tile(K + h * stride_kh, tok, stride_kt, nmask, BLOCK_D, D)
+        v = _load_tile(V + h * stride_vh, tok, stride_vt, nmask, BLOCK_D, D)
+        m_i, l_i, acc = _attend(q, k, v, nmask, m_i, l_i, acc, sm_scale, PRECISION)
     o = acc / l_i[:, None]  # a token always sees itself: l_i > 0
-    tl.store(O + t * stride_ot + qh[:, None] * stride_oh + offs_d[None, :], o, mask=qmask[:, None] & dmask[None, :])
+    _store_tile(O + t * stride_ot, qh, stride_oh, qmask, o, BLOCK_D, D)
     tl.store(LSE + t * stride_lt + qh, m_i + tl.log(l_i), mask=qmask)
 
 

@@ -21,7 +21,7 @@ Semantics for one request, greedy, float32:
   Eq. 3, or with scope "model" over every layer's heads once the chunk has
   run through all layers) and a uniform budget (``UniformSelection``) through
   the same oracle.
-* A reconstruction scorer (KVzip, scorers/kvzip.py) scores the chunk after it
+* A reconstruction scorer (KVzip, scorers/kvzip/scorer.py) scores the chunk after it
   has run through every layer: prefix + chunk tokens run once more after it,
   attending to the kept history, the whole chunk and themselves (not stored).
 * The first generated token is the argmax at the last prompt position. Every
@@ -276,7 +276,7 @@ class _DenseTangram:
             cache.kept[:, start:start + mask.shape[1]] = mask
 
     def _reconstruct(self, ids: list[int], start: int) -> None:
-        """KVzip: run prefix + chunk after the chunk at start, score the chunk, select (scorers/kvzip.py).
+        """KVzip: run prefix + chunk after the chunk at start, score the chunk, select (scorers/kvzip/scorer.py).
 
         The reconstruction tokens attend to the kept history, the whole chunk and themselves; their
         K/V is not stored."""

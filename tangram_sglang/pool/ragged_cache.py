@@ -4,14 +4,20 @@ Life of a request (all per-v work is vectorized over the V = L * G virtual layer
 
     adm = cache.admit(rid, chunk_tokens=[512, 512, 100], decode_tokens=64, prefix=chain,
                       min_keep=[4, 0, 64])             # protected tokens per chunk (optional)
-    # None -> not enough free pages now: wait. RequestTooLargeError -> never fits.
+    # None -> not enough free pages now: evict cache.last_shortfall pages, or wait.
+    # RequestTooLargeError -> never fits.
     data.copy_pages(adm.copy_src, adm.copy_dst)       # prefix tails copied, if any
     for n in adm.plan.chunk_tokens:
         w = cache.prefill_chunk(rid, n)               # w.pages/offset or w.slot_locs [L, G, max_k]
-    locs = cache.decode([rid, ...])                   # [B, L, G] one slot per v, or None -> retract
-                                                      # (decode_step: also the pages it opened)
-    segs = cache.finish(rid)                          # new tree segments (pages move to the tree)
-    cache.abort(rid) / cache.retract(rid)             # release without caching
+        segs = cache.publish(rid)                     # the completed chunks become tree segments
+    # each decode step of a batch rids (serving/runtime.py, serving/admission.py):
+    short = cache.reserve_decode_step(rids)          # SGLang's capacity check: 0, or pages short
+                                                      # (evict that many, or retract a request)
+    step = cache.decode_step(rids)                    # appends the pages the step opens (None: none free)
+    rows_t, locs = tables.decode(rows, step.opened, step.width)  # write slots, on the device
+                                                      # (serving/block_tables.py DeviceBlockTables)
+    segs = cache.publish(rid, include_tail=True)      # finished: the generated tokens too
+    cache.release(rid)                                # drop its references (finish, abort, retract)
     cache.evict(seg.seg_id)                           # tree eviction
 
 Admission reserves exactly plan.total_pages (reservation.py). Prefill draws
@@ -34,7 +40,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from tangram_sglang.pool.batch_memo import BatchMemo
-from tangram_sglang.pool.block_table import build_layer_tables
 from tangram_sglang.pool.page_pool import PagePool
 from tangram_sglang.pool.records import Admission, ChunkWrite, DecodeStep, PoolUsage, RequestRecord
 from tangram_sglang.pool.request_pages import PageArena, RequestPages, div_mod, fast_mod
@@ -83,7 +88,10 @@ class RaggedKVCache:
         return self.requests[rid]
 
     # -- admission -------------------------------------------------------------------------------
-    def admit(self, rid, *, chunk_tokens, decode_tokens: int = 0, prefix=(), min_keep=None) -> Admission | None:
+    def admit(self, rid, *, chunk_tokens, decode_tokens: int = 0, prefix=(), min_keep=None,
+              prefix_node=None) -> Admission | None:
+        """Reserve the request's pages (see the module docstring); prefix_node is the caller's handle
+        of where the prefix chain ends (the tree's node), kept in the record's Publication."""
         if rid in self.requests:
             raise PoolError(f"request {rid!r} is already admitted")
         P, V = self.spec.page_size, self.spec.num_virtual
@@ -108,7 +116,7 @@ class RaggedKVCache:
         pages.set_prefix(table, np.where(copy, npages - 1, npages), lens)
         self.pool.incref(pages.held())
         self.pool.fill[last[in_place]] = P
-        req = RequestRecord(pages, plan, prefix)
+        req = RequestRecord(pages, plan, prefix, prefix_node)
         self.requests[rid] = req
         dst = self._take(req, copy.astype(np.int64))
         return Admission(plan=plan, copy_src=last[copy], copy_dst=dst.astype(np.int64))
@@ -144,12 +152,6 @@ class RaggedKVCache:
         return ChunkWrite(pages=pages.reshape(*shape, -1), offset=offset.reshape(shape), counts=counts.reshape(shape),
                           page_size=self.spec.page_size)
 
-    def decode(self, rids) -> np.ndarray | None:
-        """One new slot per v for each request: int64 [B, L, G] flat slot ids, or None (nothing
-        changes) when the pages needed beyond the requests' reservations are not available."""
-        step = self.decode_step(rids)
-        return None if step is None else step.locs
-
     def reserve_decode_step(self, rids) -> int:
         """Reserve the pages the next decode step of rids opens beyond their reservations (one per
         (request, v) whose plan is used up and whose last page is full), so that step cannot run
@@ -178,18 +180,19 @@ class RaggedKVCache:
         b, v = div_mod(opens, V)                               # ordered by request, then v
         return _StepPages(lens=lens, opens=opens, b=b, v=v, at=slots[b] * V + v)
 
-    def decode_step(self, rids, *, locs: bool = True) -> DecodeStep | None:
-        """decode() for the whole batch in a few [B, V] array operations (no loop over requests
-        or virtual layers); also returns the pages it opened (for the device block tables).
-        locs=False skips the slot ids (DecodeStep.locs None): the served path computes them on
-        the device. Work past the [B, V] length update is O(pages opened); the pages found by
+    def decode_step(self, rids) -> DecodeStep | None:
+        """One new slot per v for each request of the batch, in a few [B, V] array operations (no
+        loop over requests or virtual layers): appends the pages the step opens and returns them
+        (DecodeStep.opened, for the device block tables, which compute the slots to write), or
+        None (nothing changes) when the pages needed beyond the requests' reservations are not
+        available. Work past the [B, V] length update is O(pages opened); the pages found by
         the capacity check just before (reserve_decode_step of the same rids) are reused."""
         rids = rids if isinstance(rids, list) else list(rids)
         slots = self._decode_slots(rids)
         pending, self._pending = self._pending, None
         checked = pending is not None and pending[0] == self._slots.epoch and pending[1] == rids
         step = pending[2] if checked else self._step_pages(slots)
-        P, V, A = self.spec.page_size, self.spec.num_virtual, self.arena
+        P, A = self.spec.page_size, self.arena
         lens, opens, b, v, at = step.lens, step.opens, step.b, step.v, step.at
         left = A.reserved_left.reshape(-1).take(at)
         from_res = True if checked else left > 0                # checked: all reserved, nothing changed them
@@ -205,17 +208,11 @@ class RaggedKVCache:
         taken = A.taken.reshape(-1)
         taken.put(at, taken.take(at) + 1)
         A.reserved_left.reshape(-1).put(at, left - from_res)
-        out = None
-        if locs:
-            col, offset = div_mod(lens, P)
-            flat = (slots[:, None] * V + np.arange(V)[None, :]) * A.pages.shape[2] + col
-            page = A.pages.reshape(-1).take(flat).astype(np.int64)
-            out = (page * P + offset).reshape(len(slots), self.spec.num_layers, self.spec.num_groups)
         lens += 1
         A.lens[slots] = lens
         opened = np.stack([b, v, ids.astype(np.int64)], axis=1)
         width = -(-int(lens.max(initial=0)) // P)               # npages == ceil(lens / P)
-        return DecodeStep(locs=out, opened=opened, width=max(1, width))
+        return DecodeStep(opened=opened, width=max(1, width))
 
     def _decode_slots(self, rids) -> np.ndarray:
         """Arena slots of a decoding batch, int64 [B]; raises PoolError unless every rid is
@@ -246,39 +243,26 @@ class RaggedKVCache:
         (and, with include_tail once prefill is done, the generated tokens since then as one
         uncompressed segment). The request keeps running and keeps its own references."""
         req = self._req(rid)
-        spans = [(req.chunk_ends[i], req.plan.chunk_tokens[i], True)
-                 for i in range(req.published_chunks, len(req.chunk_ends))]
+        pub = req.published
+        spans = [(req.chunk_ends[i], req.plan.chunk_tokens[i], True) for i in range(pub.chunks, len(req.chunk_ends))]
         if include_tail and req.prefill_done:
-            tail_start = spans[-1][0] if spans else req.published_end
+            tail_start = spans[-1][0] if spans else pub.end
             decoded = req.pages.lens - tail_start  # one slot per generated token in every v
             if decoded.max(initial=0) > 0:
                 spans.append((req.pages.lens.copy(), int(decoded.max()), False))
-        segs, start = [], req.published_end
+        segs, start = [], pub.end
         for end, ntok, compressed in spans:
             first, stop = page_columns(start, end, self.spec.page_size)
             counts, ids = req.pages.pages_from(first, stop)
             segs.append(self.store.add(num_tokens=ntok, compressed=compressed, start=start,
                                        end=end, page_counts=counts, page_ids=ids))
             start = end
-        req.published_chunks = len(req.chunk_ends)
-        req.published_end = np.asarray(start, dtype=np.int64).copy()
-        return segs
-
-    def finish(self, rid) -> list[Segment]:
-        """Cache the request's completed chunks (and generated tokens) as segments, then release it."""
-        segs = self.publish(rid, include_tail=True)
-        self.release(rid)
+        pub.chunks, pub.end = len(req.chunk_ends), np.asarray(start, dtype=np.int64).copy()
         return segs
 
     def release(self, rid) -> None:
         """Drop the request's references and leftover reservation; published segments stay."""
-        self._release(rid, data_end=self._req(rid).published_end)
-
-    def abort(self, rid) -> None:
-        """Release without caching more (abort, or retraction: the request is admitted again later)."""
-        self.release(rid)
-
-    retract = abort
+        self._release(rid, data_end=self._req(rid).published.end)
 
     def _release(self, rid, data_end: np.ndarray) -> None:
         req = self.requests.pop(rid)
@@ -296,16 +280,7 @@ class RaggedKVCache:
         """Drop a tree segment; returns how many pages this freed (pages others hold stay)."""
         return self.store.evict(seg_id)
 
-    # -- views for the attention side and for tests ---------------------------------------------
-    def build_layer_tables(self, rids) -> tuple[np.ndarray, np.ndarray]:
-        """(block_table int32 [B, L, G, W] padded with page 0, seq_lens int32 [B, L, G]); see block_table.py."""
-        rows = [self._req(r).pages for r in rids]
-        return build_layer_tables(rows, self.spec.num_layers, self.spec.num_groups)
-
-    def request_pages_taken(self, rid) -> np.ndarray:
-        """Pages taken from the pool for this request so far (not its shared prefix). int64 [V]."""
-        return self._req(rid).taken.copy()
-
+    # -- accounting -------------------------------------------------------------------------------
     def usage(self) -> PoolUsage:
         """Page counts from running counters: O(1) (the log line and /server_info read it)."""
         used = self.spec.num_pages - self.pool.num_free

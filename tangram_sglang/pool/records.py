@@ -1,7 +1,7 @@
 """The records of the ragged pool: what admission returns (Admission), where a chunk's kept KV
 goes (ChunkWrite), what a decode step did (DecodeStep), the page counts (PoolUsage), and the
-pool's record of one request (RequestRecord: its plan, pages, chunks done and how far it is
-published to the tree; the one owner of a request's progress)."""
+pool's record of one request (RequestRecord: its plan, pages, chunks done and its Publication:
+how far it is published to the tree; the one owner of a request's progress)."""
 
 from __future__ import annotations
 
@@ -43,10 +43,9 @@ class ChunkWrite:
 
 @dataclass(frozen=True, kw_only=True)
 class DecodeStep:
-    """One decode step of a batch: locs int64 [B, L, G] slots to write (None if not asked); opened int64 [n, 3]
-    (batch index, v, page id) of the pages the step appended; width the batch's largest
-    page count after the step."""
-    locs: np.ndarray
+    """One decode step of a batch: opened int64 [n, 3] (batch index, v, page id) of the pages the
+    step appended; width the batch's largest page count after the step. The slots to write are
+    computed from these by the device block tables (serving/block_tables.py)."""
     opened: np.ndarray
     width: int
 
@@ -60,15 +59,35 @@ class PoolUsage:
     held_by_tree: int
 
 
+@dataclass(kw_only=True)
+class Publication:
+    """How far a request's KV is published to the tree, the one record of it. The pool's side:
+    chunks handed over and the slot end of the chain, int64 [V]; the tree's side: tokens the chain
+    covers from position 0, the tree's handle of its last node (opaque here), and whether later
+    segments stay out of the tree (sglang/radix.py: once a segment was dropped or matched a twin,
+    the rest of the request's chain does not continue the tree's). SGLang's ``req.last_node`` is
+    only its mirror, set by the tree."""
+
+    chunks: int
+    end: np.ndarray
+    tokens: int
+    node: object
+    detached: bool = False
+
+    def link(self, node, tokens: int, detached: bool) -> None:
+        """The tree linked the segments handed over so far: the chain now ends at node."""
+        self.node, self.tokens, self.detached = node, int(tokens), bool(detached)
+
+
 class RequestRecord:
-    def __init__(self, pages: RequestPages, plan: ReservationPlan, prefix: tuple[Segment, ...]):
+    def __init__(self, pages: RequestPages, plan: ReservationPlan, prefix: tuple[Segment, ...], prefix_node=None):
         self.pages = pages
         self.plan = plan
         self.prefix = prefix
         self.reserved_left = plan.pages
         self.chunk_ends: list[np.ndarray] = []
-        self.published_chunks = 0                     # chunks already handed to the tree
-        self.published_end = plan.prefix_slots.copy()  # slot end of the published chain, [V]
+        self.published = Publication(chunks=0, end=plan.prefix_slots.copy(),
+                                     tokens=sum(seg.num_tokens for seg in prefix), node=prefix_node)
 
     # reserved_left, taken int32 [V]: views of the arena slot of the request's pages
     reserved_left = ArenaField()

@@ -39,10 +39,16 @@ class Scorer:
 
     name: str = ""
     needs_hidden: bool = False
-    needs_reconstruction: bool = False  # scores come from an extra forward pass (scorers/kvzip.py)
+    needs_reconstruction: bool = False  # scores come from an extra forward pass (scorers/kvzip/)
 
     def for_layer(self, layer: int) -> "Scorer":
         return self
+
+    def forward_pass(self):
+        """How this scorer gets its inputs in the serving forward pass (scorers/forward_pass.py)."""
+        from tangram_sglang.scorers.forward_pass import HiddenStatePass, ScoringPass
+
+        return HiddenStatePass(self) if self.needs_hidden else ScoringPass(self)
 
     def score(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               state: ScorerState | None = None) -> torch.Tensor:

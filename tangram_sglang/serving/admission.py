@@ -101,8 +101,8 @@ class AdmissionControl:
                        "for a %d-token prompt", wanted, lo, pages, prompt_tokens)
         return lo
 
-    def reserve(self, rid: str, sched: list[int], decode_tokens: int, prefix_chain, protect):
-        """cache.admit, evicting unlocked tree leaves until it fits; None if it cannot now.
+    def reserve(self, rid: str, sched: list[int], decode_tokens: int, prefix_chain, protect, prefix_node=None):
+        """cache.admit (prefix_node: the tree's node where prefix_chain ends), evicting unlocked tree leaves until it fits; None if it cannot now.
 
         Evicts the pages the refused plan lacked in one pass (not a page per retry).
 
@@ -113,7 +113,7 @@ class AdmissionControl:
         while True:
             try:
                 adm = self.cache.admit(rid, chunk_tokens=sched, decode_tokens=decode_tokens, prefix=prefix_chain,
-                                       min_keep=min_keep(protect))
+                                       min_keep=min_keep(protect), prefix_node=prefix_node)
             except RequestTooLargeError:  # raised before anything is reserved
                 if decode_tokens <= 1:
                     raise

@@ -51,7 +51,7 @@ def _request_tokens(serving: TangramServing, state: RequestState) -> int:
     done = sum(req.plan.chunk_tokens[: len(req.chunk_ends)])
     decoded = int((req.pages.lens - (req.chunk_ends[-1] if req.chunk_ends else req.plan.prefix_slots)).max(initial=0)) \
         if req.prefill_done else 0
-    return state.prefix_tokens + done + decoded - state.published_tokens
+    return state.prefix_tokens + done + decoded - req.published.tokens
 
 
 def log_line(info: dict) -> str:

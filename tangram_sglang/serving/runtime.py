@@ -1,17 +1,17 @@
 """TangramServing: the serving state of one scheduler process (the model runner lives in it too).
 
 Built whole when SGLang sizes its KV cache (``TangramServing.build``, from sglang/process.py) and
-passed to what SGLang builds next: the allocator and the radix tree hold it as a field, SGLang's
-hooks reach it through the tree it threads everywhere (``serving_of(tree_cache)``), the
-attention backend through the runner's allocator. It never refers back to the tree: admission
-is handed the tree's evictor.
+passed to what SGLang builds next: Tangram's allocator holds it (the one handle: SGLang's hooks
+reach it through the tree cache's allocator, ``serving_of(tree_cache)``, the attention backend
+through the runner's), the radix tree gets only its narrow TreeStore (tree_store.py). It never
+refers back to the tree: admission is handed the tree's evictor.
 
 Owners: the frozen ServingContext (profile entry, pool spec, scorer, per-layer metadata); the
 ragged pool's control plane (RaggedKVCache) and page data (KVPageData); admission by exact
 reservation (admission.py); the device block tables; and here, the request table. A request's
-progress has one owner, the pool's request record (plan, chunks done, pages); RequestState keeps
-only what the pool does not know (scorer state, SGLang row, pending prefix copies, protected
-runs, where its published chain ends).
+progress has one owner, the pool's request record (plan, chunks done, pages, its Publication);
+RequestState keeps only what the pool does not know (scorer state, SGLang row, pending prefix
+copies, protected runs).
 
 Requests are keyed by SGLang's ``Req.rid``. Life of one request:
   admit (PrefillAdder) -> bind_rows (prepare_for_extend) -> extend / decode
@@ -36,11 +36,12 @@ from tangram_sglang.scorers import ScorerState
 from tangram_sglang.serving.admission import AdmissionControl, PoolCounters
 from tangram_sglang.serving.block_tables import DeviceBlockTables
 from tangram_sglang.serving.context import LoadedProfile, ServingContext, build_context
+from tangram_sglang.serving.tree_store import TreeStore
 
 
 def serving_of(tree_cache) -> "TangramServing | None":
-    """The serving state behind SGLang's tree cache (None for a stock tree: no profile)."""
-    return getattr(tree_cache, "serving", None)
+    """The serving state behind SGLang's tree cache, held by Tangram's allocator (None without a profile)."""
+    return getattr(getattr(tree_cache, "token_to_kv_pool_allocator", None), "serving", None)
 
 
 @dataclass
@@ -51,9 +52,6 @@ class RequestState:
     copy_src: np.ndarray | None = None      # prefix pages to copy before the first write
     copy_dst: np.ndarray | None = None
     prefix_tokens: int = 0                  # tokens of the matched prefix
-    node: object = None                     # tree node where its published chain ends
-    published_tokens: int = 0               # tokens covered by the tree chain (incl. prefix)
-    detached: bool = False                  # later segments stay out of the tree (radix.checkpoint)
     protect: list[tuple[int, int]] = field(default_factory=list)  # (lead, trail) protected per chunk
 
 
@@ -69,6 +67,7 @@ class TangramServing:
         self.tables = DeviceBlockTables(spec.num_layers, spec.num_groups, spec.page_size, context.device)
         self.counters = PoolCounters()
         self.admission = AdmissionControl(context, self.cache, self.counters)
+        self.tree_store = TreeStore(self.cache, self.counters, self.release)
         self.requests: dict[str, RequestState] = {}
         self.row_to_rid: dict[int, str] = {}
         self.decode_rows = BatchMemo()  # SGLang rows of the last decode batch; changed() at any (re)binding
@@ -96,14 +95,13 @@ class TangramServing:
         """
         sched = extend_schedule(first, total, self.chunk)
         protect = chunk_protection(self.context.protection, prefix_tokens, sched, prefix_tokens + total)
-        adm = self.admission.reserve(rid, sched, decode_tokens, prefix_chain, protect)
+        adm = self.admission.reserve(rid, sched, decode_tokens, prefix_chain, protect, prefix_node=node)
         if adm is None:
             self.counters.waited += 1
             return False
         state = RequestState(rid=rid, scorer_states=[ScorerState(tokens_seen=prefix_tokens)
                                                      for _ in range(self.spec.num_layers)],
-                             prefix_tokens=prefix_tokens, node=node, published_tokens=prefix_tokens,
-                             protect=protect)
+                             prefix_tokens=prefix_tokens, protect=protect)
         if adm.copy_src.size:
             state.copy_src, state.copy_dst = adm.copy_src, adm.copy_dst
         self.requests[rid] = state
@@ -121,16 +119,6 @@ class TangramServing:
             return None
         planned = req.plan.chunk_tokens[len(req.chunk_ends):]
         return planned[0] if planned else None
-
-    def publication(self, rid: str):
-        """(tree node, tokens covered, detached) where the request's published chain ends; None if unknown."""
-        st = self.requests.get(rid)
-        return None if st is None else (st.node, st.published_tokens, st.detached)
-
-    def published(self, rid: str, node, tokens: int, detached: bool) -> None:
-        """The tree published the request's segments up to node (tokens covered from position 0)."""
-        st = self.requests[rid]
-        st.node, st.published_tokens, st.detached = node, tokens, detached
 
     def bind_row(self, rid: str, row: int) -> None:
         state = self.requests.get(rid)
@@ -209,9 +197,9 @@ class TangramServing:
         Host work is O(batch x virtual layers): the pool appends the pages this step opens,
         and only those cross to the device tables, which compute the write slots there."""
         rows = self.decode_rows.get(rids, self._decode_rows)
-        step = self.cache.decode_step(rids, locs=False)
+        step = self.cache.decode_step(rids)
         if step is None and self.admission.ensure_decode_room(rids):  # SGLang's capacity check reserved this
-            step = self.cache.decode_step(rids, locs=False)  # step's pages: only a caller that skipped it
+            step = self.cache.decode_step(rids)  # step's pages: only a caller that skipped it
         if step is None:
             raise PoolError("decode step without pages: the batch skipped SGLang's capacity check")
         rows_t, locs = self.tables.decode(rows, step.opened, step.width)   # on the device

@@ -6,13 +6,10 @@ decode: appends one slot per virtual layer). Per layer:
 
 * extend: chunk queries attend to each group's cached slots plus the chunk's
   own K/V (causal), merged by log-sum-exp (on CPU both parts on ATen's fused
-  flash kernel, attention/fused_cpu.py); then the scorer rates the chunk
-  (scorers that read the layer's input hidden states get them from a forward
-  pre-hook on each attention module, registered at the first extend),
-  each head keeps its group's keep count (protected sinks and newest tokens
-  first), and only those K/V are written. A reconstruction scorer (KVzip)
-  holds the chunk back until its extra pass has scored it
-  (serving/reconstruction.py).
+  flash kernel, attention/fused_cpu.py); then the scorer's forward pass
+  (scorers/forward_pass.py: it owns whatever hooks its scorer needs) has the
+  chunk scored, each head keeps its group's keep count (protected sinks and
+  newest tokens first), and only those K/V are written (serving/chunk_writer.py).
 * decode: the new token's K/V go to every group; attention runs per group over
   its own length, cut by the profile's split map (tiles on CPU), reading each
   request's block table in place (DeviceBlockTables, through the batch's rows).
@@ -39,37 +36,12 @@ import logging
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from tangram_sglang.attention import (
-    compress_and_write,
-    ragged_decode_torch,
-    ragged_prefill_chunk_torch,
-    write_decode_kv,
-)
-from tangram_sglang.attention.reconstruction import reconstruction_attention
+from tangram_sglang.attention import ragged_decode_torch, ragged_prefill_chunk_torch, write_decode_kv
+from tangram_sglang.serving.chunk_writer import ChunkWriter
 from tangram_sglang.serving.decode_graph import DecodeGraph
-from tangram_sglang.serving.reconstruction import ReconstructionPass, run_reconstruction
 
 CPU_TILE = 256
 logger = logging.getLogger("tangram_sglang")
-
-
-def hook_hidden_inputs(model, store: dict) -> bool:
-    """Keep each attention module's input hidden states [T, D] in store[layer_id] (forward pre-hooks)."""
-    count = 0
-    for mod in model.modules():
-        attn = getattr(mod, "attn", None)
-        if attn is None or not hasattr(attn, "layer_id") or not hasattr(attn, "tp_k_head_num"):
-            continue
-
-        def keep(m, args, kwargs, lid=attn.layer_id):
-            x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[1]
-            store[lid] = x[0] if isinstance(x, tuple) else x
-
-        mod.register_forward_pre_hook(keep, with_kwargs=True)
-        count += 1
-    if count == 0:
-        raise RuntimeError(f"tangram: no attention modules found in {type(model).__name__} to read hidden states")
-    return True
 
 
 class TangramAttnBackend(AttentionBackend):
@@ -82,10 +54,7 @@ class TangramAttnBackend(AttentionBackend):
         self.device = model_runner.device
         self.runner = model_runner
         self.plan = None
-        self.hidden: dict[int, torch.Tensor] = {}
-        self.hooked = False
-        self.recon = ReconstructionPass()
-        self.wrapped = False
+        self.scoring = self.context.scorer.forward_pass()   # what the scorer takes from the forward
         self.tile = CPU_TILE if str(self.device).startswith("cpu") else None
         self.data_plane = self.context.data_plane   # chosen when the pool was sized (sglang/memory.py)
         self.kernels = self.data_plane in ("triton", "cuda")
@@ -145,59 +114,20 @@ class TangramAttnBackend(AttentionBackend):
         if mode.is_decode():
             self.plan = self.serving.decode_metadata(rids)
         elif mode.is_extend():
-            if self.context.scorer.needs_hidden and not self.hooked:
-                self.hooked = hook_hidden_inputs(self.runner.model, self.hidden)
-            if self.context.scorer.needs_reconstruction and not self.wrapped:
-                self.wrapped = self._wrap_model_forward()
-            self.recon.reset()
+            self.scoring.prepare(self.runner.model, int(self.runner.model_config.context_len))
             ext = forward_batch.extend_seq_lens_cpu
             ext = ext.tolist() if hasattr(ext, "tolist") else list(ext)
             self.plan = self.serving.extend_metadata(rids, ext)
             self.cu_seqlens = torch.zeros(len(ext) + 1, dtype=torch.int64, device=self.device)
             self.cu_seqlens[1:] = torch.cumsum(torch.tensor(ext, dtype=torch.int64), 0).to(self.device)
+            writer = ChunkWriter(self.plan, self.cu_seqlens, self.serving.data, self.context.metas)
+            self.scoring.begin(forward_batch, writer)
         else:
             raise NotImplementedError(f"tangram backend: forward mode {mode} is not supported")
 
     def _pages(self):
         data = self.serving.data
         return data.k_pages, data.v_pages
-
-    def _wrap_model_forward(self) -> bool:
-        """After each extend forward, run the reconstruction pass and compress the held-back chunks."""
-        model = self.runner.model
-        inner = model.forward
-
-        def forward(*args, **kwargs):
-            out = inner(*args, **kwargs)
-            if self.recon.held:
-                fb = kwargs.get("forward_batch", args[2] if len(args) > 2 else None)
-                self._reconstruct_and_compress(model, fb)
-            return out
-
-        model.forward = forward
-        return True
-
-    def _reconstruct_and_compress(self, model, forward_batch) -> None:
-        plan, scorer = self.plan, self.context.scorer
-        run_reconstruction(model, forward_batch, self.cu_seqlens, scorer.prefix_ids, self.recon,
-                           max_positions=int(self.runner.model_config.context_len))
-        k_pages, v_pages = self._pages()
-        for lid, (q3, k3, v3) in sorted(self.recon.held.items()):
-            compress_and_write(q3, k3, v3, self.cu_seqlens, scorer, plan.states[lid], self.context.metas[lid],
-                               plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect,
-                               scores=self.recon.scores[lid], chunk_plan=plan.chunks[lid])
-        self.recon.reset()
-
-    def _forward_reconstruction(self, q3, k3, v3, layer):
-        lid, plan = layer.layer_id, self.plan
-        _, k_chunk, v_chunk = self.recon.held[lid]
-        k_pages, v_pages = self._pages()
-        o, scores = reconstruction_attention(q3, k3, v3, self.recon.cu_rec, k_chunk, v_chunk, self.cu_seqlens,
-                                             k_pages, v_pages, plan.block_table[lid], plan.seq_lens[lid],
-                                             self.context.metas[lid], layer.scaling,
-                                             sinks=self.context.scorer.sinks)
-        self.recon.scores[lid] = scores
-        return o
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         lid, plan = layer.layer_id, self.plan
@@ -206,8 +136,8 @@ class TangramAttnBackend(AttentionBackend):
         q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         k3 = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
         v3 = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
-        if self.recon.active:
-            o = self._forward_reconstruction(q3, k3, v3, layer)
+        o = self.scoring.attention(layer, q3, k3, v3)
+        if o is not None:  # the scorer's own pass (KVzip's reconstruction): nothing is stored
             return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
         if self.kernels:
             o = self._prefill_triton(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
@@ -215,12 +145,8 @@ class TangramAttnBackend(AttentionBackend):
         else:
             o = ragged_prefill_chunk_torch(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
                                            plan.seq_lens[lid], meta, layer.scaling, fused=True)
-        if save_kv_cache and self.context.scorer.needs_reconstruction:
-            self.recon.hold(lid, q3, k3, v3)  # compressed once the reconstruction pass has scored it
-        elif save_kv_cache:
-            compress_and_write(q3, k3, v3, self.cu_seqlens, self.context.scorer.for_layer(lid), plan.states[lid],
-                               meta, plan.keep[:, lid], plan.out_loc[lid], k_pages, v_pages, protect=plan.protect,
-                               hidden=self.hidden.pop(lid, None), chunk_plan=plan.chunks[lid])
+        if save_kv_cache:
+            self.scoring.chunk(lid, q3, k3, v3)
         return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

@@ -55,11 +55,11 @@ def build_serving(loaded, configurator, stock_tokens: int):
     """The serving state for the pool sized from stock SGLang's KV cache of stock_tokens tokens."""
     from tangram_sglang.serving.data_plane import choose_data_plane
     from tangram_sglang.serving.runtime import TangramServing
-    from tangram_sglang.sglang.server_args import data_plane_request
+    from tangram_sglang.sglang.server_args import served_profile
 
     mc = configurator.model_config
     tp_size, tp_rank = _tensor_parallel(configurator)
-    data_plane = choose_data_plane(data_plane_request(configurator.server_args), configurator.device)
+    data_plane = choose_data_plane(served_profile(configurator.server_args).data_plane, configurator.device)
     serving = TangramServing.build(loaded, mc.hf_config, stock_tokens=stock_tokens,
                                    dtype=configurator.kv_cache_dtype, device=configurator.device,
                                    page_size=PAGE_SIZE, num_q_heads=mc.get_num_attention_heads(tp_size),

@@ -83,7 +83,10 @@ def _create_backend(runner):
 def _create_tree(ctx):
     from tangram_sglang.sglang.radix import TangramRadixCache
 
-    return TangramRadixCache(ctx.params, ctx.params.token_to_kv_pool_allocator.serving)
+    serving = ctx.params.token_to_kv_pool_allocator.serving
+    tree = TangramRadixCache(ctx.params, serving.tree_store)
+    serving.admission.evict = tree.evict_pages  # admission makes room through this tree's leaves
+    return tree
 
 
 def _patch_engine() -> None:

@@ -35,10 +35,10 @@ class TangramProcess:
     def scheduler_pre_init(self, scheduler, server_args, *args, **kwargs) -> None:
         """BEFORE Scheduler.__init__: read the profile before SGLang builds its memory pools."""
         from tangram_sglang.serving.context import LoadedProfile
-        from tangram_sglang.sglang.server_args import profile_request
+        from tangram_sglang.sglang.server_args import served_profile
 
-        path, ratio = profile_request(server_args)
-        self.loaded = LoadedProfile.load(path, ratio) if path is not None else None
+        asked = served_profile(server_args)
+        self.loaded = LoadedProfile.load(asked.path, asked.ratio) if asked is not None else None
 
     def scheduler_init(self, result, scheduler, *args, **kwargs) -> None:
         """AFTER Scheduler.__init__: report the profile (the pool checked it against the model's

@@ -31,6 +31,8 @@ import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult, MatchPrefixParams, MatchResult
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
+from tangram_sglang.serving.tree_store import TreeStore
+
 
 class SegNode(TreeNode):
     def __init__(self, *, tokens: np.ndarray, value: torch.Tensor, seg, extra_key=None):
@@ -58,17 +60,16 @@ def _tokens(ids) -> np.ndarray:
 
 
 class TangramRadixCache(RadixCache):
-    def __init__(self, params, serving):
-        self.serving = serving
+    def __init__(self, params, store: TreeStore):
+        self.store = store                       # the serving state's narrow interface (its only link)
         self.touched_order: tuple | None = None  # the waiting queue's head last touched (scheduling.py)
         super().__init__(params)
-        serving.admission.evict = self.evict_pages  # admission makes room through this tree's leaves
 
     # -- structure -------------------------------------------------------------------------------
     def reset(self):
         if getattr(self, "root_node", None) is not None:
             for node in self._nodes():
-                self.serving.cache.evict(node.seg.seg_id)
+                self.store.drop(node.seg.seg_id)
         super().reset()
         self._heap: list = []  # (priority, id, seq, node) of evictable leaves; stale entries skipped
         self._seq = itertools.count()
@@ -145,7 +146,7 @@ class TangramRadixCache(RadixCache):
 
     def _split(self, node: SegNode, n: int) -> SegNode:
         """Split an uncompressed node after n tokens; returns the new upper node."""
-        part0, part1 = self.serving.cache.store.split(node.seg.seg_id, n)
+        part0, part1 = self.store.split(node.seg.seg_id, n)
         upper = SegNode(tokens=node.tokens[:n], value=node.value[:n].clone(), seg=part0, extra_key=node.extra_key)
         upper.lock_ref, upper.last_access_time, upper.priority = node.lock_ref, node.last_access_time, node.priority
         parent = node.parent
@@ -169,11 +170,11 @@ class TangramRadixCache(RadixCache):
         """Publish the request's finished chunks (and, once finished, its generated tokens)."""
         if self.disable:
             return
-        where = self.serving.publication(req.rid)  # the serving state owns it; the tree reads and reports
-        if where is None:
+        published = self.store.publish(req.rid, include_tail=req.finished())
+        if published is None:
             return
-        parent, pos, detached = where
-        segs = self.serving.cache.publish(req.rid, include_tail=req.finished())
+        segs, pub = published  # the pool's record owns where the chain ends; the tree links and reports
+        parent, pos, detached = pub.node, pub.tokens, pub.detached
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         fill = req.full_untruncated_fill_ids
         for seg in segs:
@@ -183,7 +184,7 @@ class TangramRadixCache(RadixCache):
                 # through this one): the pool ran ahead of what SGLang keeps (should not happen),
                 # or the request's history now continues a twin (below).
                 detached = True
-                self.serving.cache.evict(seg.seg_id)
+                self.store.drop(seg.seg_id)
                 continue
             tokens = _tokens(fill[pos:end])
             ids = row[pos:end].to(torch.int64)
@@ -195,7 +196,7 @@ class TangramRadixCache(RadixCache):
                 # bit-deterministic, which batched GPU kernels are not): they are not published.
                 self.token_to_kv_pool_allocator.free(ids.clone())
                 self.req_to_token_pool.write((req.kv.req_pool_idx, slice(pos, end)), twin.value.to(row.dtype))
-                self.serving.cache.evict(seg.seg_id)
+                self.store.drop(seg.seg_id)
                 twin.last_access_time = time.monotonic()
                 parent, detached = twin, True
             else:
@@ -206,11 +207,11 @@ class TangramRadixCache(RadixCache):
                 self._update_leaf_status(node)
                 parent = node
             pos = end
-        self.serving.published(req.rid, parent, pos, detached)
+        pub.link(parent, pos, detached)
         req.kv.cache_protected_len = pos
         self.unlock(req.lock)
         req.lock = self.lock(parent)
-        req.last_node = parent
+        req.last_node = parent  # SGLang's mirror of pub.node
 
     def _twin(self, parent: SegNode, tokens: np.ndarray, seg, extra_key):
         """A child holding the same tokens in the same slot layout (a chunk kept with another count,
@@ -222,16 +223,14 @@ class TangramRadixCache(RadixCache):
         return None
 
     def on_release(self, req, *, checkpointed: bool) -> None:
-        if not checkpointed and not req.finished():
-            self.serving.counters.retracted += 1  # decode ran out of pages: SGLang requeues it
-        self.serving.release(req.rid)
+        # Not checkpointed and not finished: decode ran out of pages and SGLang requeues it.
+        self.store.left(req.rid, retracted=not checkpointed and not req.finished())
 
     # -- eviction --------------------------------------------------------------------------------
     def _evict_leaf(self, node: SegNode) -> int:
         """Drop one unlocked leaf (its logical ids and its segment's page references); returns its tokens."""
         self.token_to_kv_pool_allocator.free(node.value)
-        self.serving.cache.evict(node.seg.seg_id)
-        self.serving.counters.evicted_segments += 1
+        self.store.drop(node.seg.seg_id, evicted=True)
         self._delete_leaf(node)
         return len(node.tokens)
 
@@ -266,9 +265,8 @@ class TangramRadixCache(RadixCache):
 
     def evict_pages(self, pages: int) -> bool:
         """Evict LRU leaves until the pool has ``pages`` more available pages; False if none left."""
-        pool = self.serving.cache.pool
-        goal = pool.available + pages
-        while pool.available < goal:
+        goal = self.store.available_pages + pages
+        while self.store.available_pages < goal:
             if self._evict_one() == 0:
                 return False
         return True
@@ -308,15 +306,13 @@ class TangramRadixCache(RadixCache):
 
     def check_integrity(self) -> None:
         """Every node's segment is alive and continues its parent's chain; sizes add up."""
-        store = self.serving.cache.store
-        V = self.serving.spec.num_virtual
         total = protected = 0
         for node in self._nodes():
-            seg = store.get(node.seg.seg_id)
+            seg = self.store.segment(node.seg.seg_id)
             if not (len(node.tokens) == node.value.numel() == seg.num_tokens):
                 raise AssertionError(f"node {node.id}: {len(node.tokens)} tokens, {node.value.numel()} ids, "
                                      f"segment of {seg.num_tokens}")
-            start = node.parent.seg.end_slots if node.parent is not self.root_node else np.zeros(V, np.int64)
+            start = node.parent.seg.end_slots if node.parent is not self.root_node else np.zeros_like(seg.start_slots)
             if not np.array_equal(seg.start_slots, start):
                 raise AssertionError(f"node {node.id}: segment does not continue its parent's chain")
             if node.lock_ref < 0:
@@ -327,5 +323,5 @@ class TangramRadixCache(RadixCache):
             raise AssertionError(f"tree sizes: {total} tokens ({protected} locked) but evictable="
                                  f"{self.evictable_size_} protected={self.protected_size_}")
         tree_segs = {n.seg.seg_id for n in self._nodes()}
-        if tree_segs != set(store.segments):
-            raise AssertionError(f"segments outside the tree: {sorted(set(store.segments) - tree_segs)[:5]}")
+        if tree_segs != self.store.segment_ids():
+            raise AssertionError(f"segments outside the tree: {sorted(self.store.segment_ids() - tree_segs)[:5]}")

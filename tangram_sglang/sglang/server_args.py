@@ -2,8 +2,8 @@
 
 ServerArgs is a sealed msgspec record: unknown fields are refused, but
 underscore-prefixed bookkeeping attributes ride along through pickling into
-the spawned scheduler processes. The chosen profile travels as
-``server_args._tangram_profile`` (path) and ``_tangram_ratio`` (float or None).
+the spawned scheduler processes. What was asked travels as one: ``server_args._tangram``,
+a ServedProfile (profile path, ratio, data plane); ``served_profile`` reads it anywhere.
 The profile is validated (and checked against a local model folder) here, in
 the launching process, so a bad profile stops the launch before any process
 is spawned.
@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import dataclass
 
 from tangram_sglang.profile import ModelShape, ProfileError, TangramProfile, load_profile
 from tangram_sglang.scorers.profile_scorer import check_scorer_weights
@@ -22,10 +23,17 @@ from tangram_sglang.sglang.compatibility import check_server_args, check_tensor_
 
 logger = logging.getLogger("tangram_sglang")
 
-PROFILE_ATTR = "_tangram_profile"
-RATIO_ATTR = "_tangram_ratio"
-DATA_PLANE_ATTR = "_tangram_data_plane"
+HANDLE = "_tangram"
 DATA_PLANES = ("auto", "torch", "triton", "cuda")
+
+
+@dataclass(frozen=True)
+class ServedProfile:
+    """What --tangram-profile / --tangram-ratio / --tangram-data-plane asked for, validated."""
+
+    path: str
+    ratio: float | None = None
+    data_plane: str = "auto"
 
 
 def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> None:
@@ -112,10 +120,8 @@ def attach_profile(server_args, path: str | None, profile: TangramProfile | None
     check_server_args(server_args)
     check_tensor_parallel(server_args, profile)
     _check_data_plane(server_args, data_plane)
-    # Bookkeeping attributes (leading underscore) are allowed on the sealed record.
-    setattr(server_args, PROFILE_ATTR, path)
-    setattr(server_args, RATIO_ATTR, ratio)
-    setattr(server_args, DATA_PLANE_ATTR, data_plane)
+    # A bookkeeping attribute (leading underscore) is allowed on the sealed record.
+    setattr(server_args, HANDLE, ServedProfile(path, ratio, data_plane))
 
 
 def _check_data_plane(server_args, data_plane: str) -> None:
@@ -161,11 +167,6 @@ def engine_server_args_factory(server_args_cls):
     return build
 
 
-def data_plane_request(server_args) -> str:
-    """--tangram-data-plane recorded on a ServerArgs (auto when none)."""
-    return getattr(server_args, DATA_PLANE_ATTR, None) or "auto"
-
-
-def profile_request(server_args) -> tuple[str | None, float | None]:
-    """(profile path, ratio) recorded on a ServerArgs, in any process."""
-    return getattr(server_args, PROFILE_ATTR, None), getattr(server_args, RATIO_ATTR, None)
+def served_profile(server_args) -> ServedProfile | None:
+    """The profile recorded on a ServerArgs, in any process (None: stock SGLang)."""
+    return getattr(server_args, HANDLE, None)

@@ -35,7 +35,6 @@ def served(graph: bool, plane: str = "triton"):
     serving = served_pool(PROFILE, "cpu", data_plane=plane)
     alloc = TangramAllocator(1 << 16, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
     runner = SimpleNamespace(token_to_kv_pool_allocator=alloc, device="cpu", model=None,
-                             server_args=SimpleNamespace(_tangram_data_plane=plane),
                              req_to_token_pool=SimpleNamespace(size=ROWS),
                              model_config=SimpleNamespace(context_len=CONTEXT))
     backend = TangramAttnBackend(runner)

@@ -74,7 +74,8 @@ def build(stock_tokens=700, chunk=24, seed=0):
     rows = Row(64)
     alloc = TangramAllocator(serving.context.logical_tokens, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
     tree = TangramRadixCache(CacheInitParams(disable=False, req_to_token_pool=rows,
-                                             token_to_kv_pool_allocator=alloc, page_size=1), serving)
+                                             token_to_kv_pool_allocator=alloc, page_size=1), serving.tree_store)
+    serving.admission.evict = tree.evict_pages
     return serving, tree, alloc, rows
 
 

@@ -42,7 +42,9 @@ def test_bad_choice_and_choice_without_profile_are_refused():
         attach_profile(Args(), None, None, None, "triton")
     with pytest.raises(ProfileError, match="'gpu' is not one of"):
         attach_profile(Args(), None, None, None, "gpu")
-    attach_profile(Args(), None, None, None, "auto")  # nothing asked, nothing recorded
+    args = Args()
+    attach_profile(args, None, None, None, "auto")  # nothing asked, nothing recorded
+    assert not hasattr(args, "_tangram")
 
 
 def test_triton_without_a_gpu_stops_the_launch(monkeypatch):
@@ -56,4 +58,4 @@ def test_triton_without_a_gpu_stops_the_launch(monkeypatch):
         attach_profile(SimpleNamespace(model_path=None, device="cpu"), *read_profile(profile), None, "triton")
     args = SimpleNamespace(model_path=None, device="cpu")
     attach_profile(args, *read_profile(profile), None, "torch")
-    assert args._tangram_data_plane == "torch"
+    assert args._tangram.data_plane == "torch"

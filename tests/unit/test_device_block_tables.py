@@ -1,6 +1,7 @@
 """DeviceBlockTables against the host pool: after every load and decode step of random batches,
-the device rows equal the host's pages and lens (``check``), the batch views equal
-``build_layer_tables``, and the decode write slots equal the host pool's own."""
+the device rows equal the host's pages and lens (``check``), the batch views equal the reference
+``build_layer_tables`` of the host pages, and the decode write slots equal the slots computed
+independently from the host pages (pool_driver.slots_from_pages)."""
 
 import random
 
@@ -8,14 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from tangram_sglang.pool import PoolSpec, RaggedKVCache
+from tangram_sglang.pool import PoolSpec, RaggedKVCache, build_layer_tables
 from tangram_sglang.serving.block_tables import DeviceBlockTables
+
+from pool_driver import slots_from_pages
 
 
 def _views_match(tables, cache, rids, rows):
     width = max(int(cache.requests[r].pages.npages.max(initial=0)) for r in rids)
     bt, sl = tables.view(rows, max(width, 1))
-    host_bt, host_sl = cache.build_layer_tables(rids)                  # [B, L, G, W], [B, L, G]
+    host_bt, host_sl = build_layer_tables([cache.requests[r].pages for r in rids],
+                                          cache.spec.num_layers, cache.spec.num_groups)  # [B, L, G, W], [B, L, G]
     assert np.array_equal(sl.permute(1, 0, 2).numpy(), host_sl)
     P = cache.spec.page_size
     used = -(-host_sl // P)
@@ -54,10 +58,10 @@ def test_device_tables_follow_the_host_pool(page_size, seed):
             step = cache.decode_step(rids)
             if step is None:
                 continue
-            host, width = step.locs, step.width
+            width = step.width
             rows_t, locs = tables.decode(rows, step.opened, width)
             assert rows_t.tolist() == rows
-            assert np.array_equal(locs.numpy(), host.reshape(len(rids), -1))
+            assert np.array_equal(locs.numpy(), slots_from_pages(cache, rids))
             _views_match(tables, cache, rids, rows)
             # the decode path reads the full table through rows: same pages as the gathered view
             full = tables.pages[:, rows_t]
@@ -66,7 +70,7 @@ def test_device_tables_follow_the_host_pool(page_size, seed):
             steps += 1
         else:
             rid = rng.choice(sorted(running))
-            cache.abort(rid)
+            cache.release(rid)
             tables.forget(running[rid], rid)
             free_rows.append(running.pop(rid))
         for rid, row in running.items():

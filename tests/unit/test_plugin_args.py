@@ -9,7 +9,7 @@ from sglang.srt.server_args import prepare_server_args
 
 from tangram_sglang.profile import ProfileError
 from tangram_sglang.profile.uniform import main as write_uniform
-from tangram_sglang.sglang.server_args import profile_request
+from tangram_sglang.sglang.server_args import ServedProfile, served_profile
 
 load_plugins()
 
@@ -24,13 +24,13 @@ def profile(tiny_llama, tmp_path):
 def test_cli_flag_parses_and_survives_pickling(tiny_llama, profile):
     args = prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile,
                                 "--tangram-ratio", "0.5"])
-    assert profile_request(args) == (profile, 0.5)
-    assert profile_request(pickle.loads(pickle.dumps(args))) == (profile, 0.5)
+    assert served_profile(args) == ServedProfile(profile, 0.5, "auto")
+    assert served_profile(pickle.loads(pickle.dumps(args))) == ServedProfile(profile, 0.5, "auto")
 
 
 def test_cli_without_flag_has_no_profile(tiny_llama):
     args = prepare_server_args(["--model-path", tiny_llama[0]])
-    assert profile_request(args) == (None, None)
+    assert served_profile(args) is None
 
 
 def test_cli_bad_profile_stops_with_its_error(tiny_llama, profile, capsys, tmp_path):
@@ -51,7 +51,7 @@ def test_cli_unknown_ratio(tiny_llama, profile, capsys):
 def test_engine_server_args_accept_profile(tiny_llama, profile):
     build = engine_mod.Engine.server_args_class
     args = build(model_path=tiny_llama[0], tangram_profile=profile)
-    assert profile_request(args) == (profile, None)
+    assert served_profile(args) == ServedProfile(profile, None, "auto")
 
 
 def test_engine_bad_profile_raises(tiny_llama, tmp_path):

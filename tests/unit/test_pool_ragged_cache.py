@@ -1,4 +1,7 @@
-"""RaggedKVCache scenarios: exact reservation, refusal, errors, sharing, copies, data layout."""
+"""RaggedKVCache scenarios: exact reservation, refusal, errors, sharing, copies, data layout.
+
+Driven through the production calls only: decode write slots from the device block tables
+(pool_driver.ServedDecode), a finished request published with its tail then released."""
 
 import numpy as np
 import pytest
@@ -7,6 +10,8 @@ import torch
 from tangram_sglang.attention.page_data import KVPageData
 from tangram_sglang.method.budgets import keep_count
 from tangram_sglang.pool import PoolError, PoolSpec, RaggedKVCache, RequestTooLargeError
+
+from pool_driver import ServedDecode, finish
 
 BETA = np.array([[0.5, 0.25], [1.0, 0.1]])
 
@@ -25,13 +30,14 @@ def test_reserved_equals_used_and_release():
     w = c.prefill_chunk("a", 8)
     assert w.counts.tolist() == [[4, 2], [8, 1]]
     c.prefill_chunk("a", 6)
-    assert c.request_pages_taken("a").tolist() == adm.plan.prefill_pages.tolist()
+    assert c.requests["a"].taken.tolist() == adm.plan.prefill_pages.tolist()
     assert c.pool.reserved == adm.plan.decode_pages.sum() == 4
+    dec = ServedDecode(c)
     for _ in range(3):
-        c.decode(["a"])
+        assert dec.step(["a"]) is not None
     assert c.pool.reserved == 0
     c.check_integrity()
-    c.abort("a")
+    c.release("a")
     assert c.pool.num_free == 64 and c.usage().held_by_tree == 0
     c.check_integrity()
 
@@ -56,7 +62,7 @@ def test_chunk_schedule_mismatch_and_unknown_request():
     with pytest.raises(PoolError, match="planned next chunk is 8"):
         c.prefill_chunk("a", 7)
     with pytest.raises(PoolError, match="decode before its prefill"):
-        c.decode(["a"])
+        c.decode_step(["a"])
     with pytest.raises(PoolError, match="unknown request"):
         c.prefill_chunk("zzz", 8)
 
@@ -65,12 +71,13 @@ def test_decode_past_reservation_uses_free_pages_then_refuses():
     c = _cache(num_pages=8, page_size=1, beta=np.array([[1.0]]))
     c.admit("a", chunk_tokens=[2], decode_tokens=1)
     c.prefill_chunk("a", 2)
+    dec = ServedDecode(c)
     for _ in range(6):
-        assert c.decode(["a"]) is not None
+        assert dec.step(["a"]) is not None
     assert c.pool.num_free == 0
-    assert c.decode(["a"]) is None  # caller retracts
+    assert c.decode_step(["a"]) is None  # caller retracts
     c.check_integrity()
-    c.retract("a")
+    c.release("a")
     assert c.pool.num_free == 8
 
 
@@ -83,17 +90,19 @@ def test_repeated_decode_batch_follows_a_readmitted_request():
     for rid in ("a", "b"):
         c.admit(rid, chunk_tokens=[3], decode_tokens=4)
         c.prefill_chunk(rid, 3)
-    c.decode(["a", "b"])
-    c.retract("a")
+    dec = ServedDecode(c)
+    assert dec.step(["a", "b"]) is not None
+    c.release("a")                                    # retracted
     c.admit("c", chunk_tokens=[5], decode_tokens=4)   # takes a's old arena slot
     c.admit("a", chunk_tokens=[3], decode_tokens=4)
     assert c.reserve_decode_step(["a", "b"]) == 0     # the check may see a before its prefill...
-    with pytest.raises(PoolError, match="before its prefill"):
-        c.decode(["a", "b"])                          # ...the step refuses it, every time
+    for _ in range(2):
+        with pytest.raises(PoolError, match="before its prefill"):
+            c.decode_step(["a", "b"])                 # ...the step refuses it, every time
     c.prefill_chunk("a", 3)
     c.prefill_chunk("c", 5)
     for _ in range(3):
-        c.decode(["a", "b"])
+        assert dec.step(["a", "b"]) is not None       # slots checked against a's new pages
         c.check_integrity()
     assert c.requests["a"].pages.lens.tolist() == (keep_count(beta.ravel(), 3) + 3).tolist()  # 3 decoded
     assert c.requests["c"].pages.lens.tolist() == keep_count(beta.ravel(), 5).tolist()  # untouched by a's steps
@@ -106,7 +115,8 @@ def test_reserved_decode_step_cannot_be_taken_by_a_later_admission():
     c = _cache(num_pages=8, page_size=1, beta=np.array([[1.0]]))
     c.admit("a", chunk_tokens=[2], decode_tokens=1)
     c.prefill_chunk("a", 2)
-    assert c.decode(["a"]) is not None          # uses the planned decode page
+    dec = ServedDecode(c)
+    assert dec.step(["a"]) is not None          # uses the planned decode page
     assert c.reserve_decode_step(["a"]) == 0 and c.pool.reserved == 1
     assert c.reserve_decode_step(["a"]) == 0 and c.pool.reserved == 1  # idempotent
     c.check_integrity()
@@ -114,20 +124,22 @@ def test_reserved_decode_step_cannot_be_taken_by_a_later_admission():
     c.admit("b", chunk_tokens=[4], decode_tokens=0)
     c.prefill_chunk("b", 4)
     assert c.pool.available == 0
-    assert c.decode(["a"]) is not None          # the reserved page
+    assert dec.step(["a"]) is not None          # the reserved page
     c.check_integrity()
     assert c.reserve_decode_step(["a"]) == 1 and c.pool.reserved == 0  # 1 page short: SGLang evicts or retracts
-    c.abort("b")
+    c.release("b")
     assert c.reserve_decode_step(["a", "gone"]) == 0  # unknown rids are skipped
-    c.abort("a")                                 # the step's page goes back with the request
+    c.release("a")                               # the step's page goes back with the request
     assert c.pool.reserved == 0 and c.pool.num_free == 8
     c.check_integrity()
 
 
-def _run(c, data, rid, chunks, decode, prefix=(), values=None):
-    """Admit, copy, prefill and decode a request writing value (tag) into every slot.
+def _run(dec, data, rid, chunks, decode, prefix=(), values=None):
+    """Admit, copy, prefill and decode (served: dec, a ServedDecode) a request writing value
+    (tag) into every slot.
 
     Returns the expected per-v slot values (a list of V lists)."""
+    c = dec.cache
     adm = c.admit(rid, chunk_tokens=chunks, decode_tokens=decode, prefix=prefix)
     data.copy_pages(adm.copy_src, adm.copy_dst)
     V = c.spec.num_virtual
@@ -143,7 +155,7 @@ def _run(c, data, rid, chunks, decode, prefix=(), values=None):
             expect[v] += vals.tolist()
             tag += 10000
     for _ in range(decode):
-        locs = c.decode([rid]).reshape(V)
+        locs = dec.step([rid]).reshape(V)
         vals = tag + 100 * np.arange(V)
         data.write(locs, torch.tensor(vals).view(-1, 1, 1).expand(-1, 2, 3), torch.tensor(-vals).view(-1, 1, 1).expand(-1, 2, 3))
         for v in range(V):
@@ -153,9 +165,9 @@ def _run(c, data, rid, chunks, decode, prefix=(), values=None):
 
 
 def _read(c, data, rid):
-    table, lens = c.build_layer_tables([rid])
+    """The request's slot values per v, read through its host pages."""
     P, V = c.spec.page_size, c.spec.num_virtual
-    table, lens = table.reshape(V, -1), lens.reshape(V)
+    table, lens = c.requests[rid].pages.pages, c.requests[rid].pages.lens
     out = []
     for v in range(V):
         s = np.arange(lens[v])
@@ -168,21 +180,21 @@ def _read(c, data, rid):
 @pytest.mark.parametrize("page_size", [1, 3, 4])
 def test_multi_turn_sharing_keeps_data_dense_and_intact(page_size):
     c = _cache(num_pages=200, page_size=page_size)
-    data = KVPageData(c.spec)
-    e1 = _run(c, data, "t1", [8, 5], 2)
+    data, dec = KVPageData(c.spec), ServedDecode(c)
+    e1 = _run(dec, data, "t1", [8, 5], 2)
     assert _read(c, data, "t1") == e1
-    segs = c.finish("t1")
+    segs = finish(c, "t1")
     assert [s.num_tokens for s in segs] == [8, 5, 2] and [s.compressed for s in segs] == [True, True, False]
     # two branches extend the same history; the first may extend in place, the second copies
-    e2 = _run(c, data, "t2a", [7], 1, prefix=segs, values=e1)
-    e3 = _run(c, data, "t2b", [3], 2, prefix=segs, values=e1)
+    e2 = _run(dec, data, "t2a", [7], 1, prefix=segs, values=e1)
+    e3 = _run(dec, data, "t2b", [3], 2, prefix=segs, values=e1)
     assert _read(c, data, "t2a") == e2 and _read(c, data, "t2b") == e3
     c.check_integrity()
-    s2 = c.finish("t2a")
-    c.abort("t2b")
-    e4 = _run(c, data, "t3", [2, 3], 3, prefix=[*segs, *s2], values=e2)
+    s2 = finish(c, "t2a")
+    c.release("t2b")
+    e4 = _run(dec, data, "t3", [2, 3], 3, prefix=[*segs, *s2], values=e2)
     assert _read(c, data, "t3") == e4
-    c.abort("t3")
+    c.release("t3")
     c.check_integrity()
     for s in [*s2, *segs]:  # leaf first, as a radix tree evicts
         c.evict(s.seg_id)
@@ -195,13 +207,13 @@ def test_in_place_extension_saves_the_copy():
     c = _cache(num_pages=100, page_size=4, beta=np.array([[1.0]]))
     c.admit("a", chunk_tokens=[5])
     c.prefill_chunk("a", 5)
-    segs = c.finish("a")
+    segs = finish(c, "a")
     adm1 = c.admit("b", chunk_tokens=[2], prefix=segs)   # page 1 holds slot 4 only: extend in place
     adm2 = c.admit("c", chunk_tokens=[2], prefix=segs)   # b claimed it: copy
     assert adm1.copy_src.size == 0 and adm1.plan.prefill_pages.tolist() == [0]
     assert adm2.copy_src.size == 1 and adm2.plan.prefill_pages.tolist() == [1]
     c.check_integrity()
-    c.abort("b")  # b's claim ends: the next newcomer may extend in place again
+    c.release("b")  # b's claim ends: the next newcomer may extend in place again
     adm3 = c.admit("d", chunk_tokens=[2], prefix=segs)
     assert adm3.copy_src.size == 0
     c.check_integrity()
@@ -216,9 +228,10 @@ def test_split_uncompressed_segment():
     c = _cache(num_pages=100, page_size=4, beta=np.array([[0.5]]))
     c.admit("a", chunk_tokens=[8], decode_tokens=6)
     c.prefill_chunk("a", 8)
+    dec = ServedDecode(c)
     for _ in range(6):
-        c.decode(["a"])
-    segs = c.finish("a")
+        assert dec.step(["a"]) is not None
+    segs = finish(c, "a")
     with pytest.raises(PoolError, match="compressed"):
         c.store.split(segs[0].seg_id, 2)
     head, tail = c.store.split(segs[1].seg_id, 3)

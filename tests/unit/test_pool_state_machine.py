@@ -1,9 +1,12 @@
-"""Random sequences of admit / prefill chunk / decode / finish / abort / retract / share / evict / split.
+"""Random sequences of admit / prefill chunk / decode / finish / retract / share / evict / split,
+through the production calls (pool_driver): decode writes go to the slots the device block
+tables compute from the step's opened pages; finish is publish(include_tail) then release,
+retract (or abort) is release.
 
-After every operation: check_integrity(), and every live request and every cached segment
-reads back exactly the values written into its slots (a numpy shadow of the page data),
-so copies, in-place extension and sharing never corrupt anyone. After every complete
-prefill: pages taken == pages reserved for prefill.
+After every operation: check_integrity(), the device table rows equal the host pages, and every
+live request and every cached segment reads back exactly the values written into its slots
+(a numpy shadow of the page data), so copies, in-place extension and sharing never corrupt
+anyone. After every complete prefill: pages taken == pages reserved for prefill.
 """
 
 import random
@@ -15,12 +18,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tangram_sglang.pool import PoolSpec, RaggedKVCache, RequestTooLargeError, assemble
 
+from pool_driver import ServedDecode, finish
+
 
 class PoolModel:
     def __init__(self, page_size: int, num_pages: int, beta: np.ndarray):
         spec = PoolSpec(num_layers=beta.shape[0], num_groups=beta.shape[1], heads_per_group=1, head_dim=1,
                         page_size=page_size, num_pages=num_pages)
         self.cache = RaggedKVCache(spec, beta)
+        self.dec = ServedDecode(self.cache)  # the served decode step (device block tables on CPU)
         self.V, self.P = spec.num_virtual, page_size
         self.mem = np.full(num_pages * page_size, np.nan)
         self.expect = {}      # rid -> list of V lists of slot values
@@ -78,7 +84,7 @@ class PoolModel:
         w = self.cache.prefill_chunk(rid, n)
         self._write(rid, w.slot_locs.reshape(self.V, -1), w.counts.reshape(-1))
         if req.prefill_done:
-            assert np.array_equal(self.cache.request_pages_taken(rid), req.plan.prefill_pages)
+            assert np.array_equal(req.taken, req.plan.prefill_pages)
             assert np.array_equal(req.reserved_left, req.plan.decode_pages)
 
     def capacity_check(self, rids) -> bool:
@@ -96,7 +102,7 @@ class PoolModel:
             return
         self.checked = None
         self.check()
-        out = self.cache.decode(rids)
+        out = self.dec.step(rids)
         assert out is not None or not checked, "a checked decode step ran out of pages"
         if out is None:
             self.retract(rids[0])
@@ -104,13 +110,13 @@ class PoolModel:
         for rid, locs in zip(rids, out.reshape(len(rids), self.V)):
             self._write(rid, locs[:, None], np.ones(self.V, np.int64))
 
-    def finish(self, rid):
+    def finish_request(self, rid):
         if self.checked is not None and rid in self.checked:
             self.checked = None
         ids = self.prefix_of.pop(rid)
         expect = self.expect.pop(rid)
         parent = ids[-1] if ids else None
-        for seg in self.cache.finish(rid):
+        for seg in finish(self.cache, rid):
             self.parent[seg.seg_id] = parent
             self.values[seg.seg_id] = [e[: seg.end_slots[v]] for v, e in enumerate(expect)]
             parent = seg.seg_id
@@ -118,7 +124,7 @@ class PoolModel:
     def retract(self, rid):
         if self.checked is not None and rid in self.checked:
             self.checked = None
-        self.cache.retract(rid)
+        self.cache.release(rid)
         del self.prefix_of[rid], self.expect[rid]
 
     def evict(self, seg_id):
@@ -145,9 +151,11 @@ class PoolModel:
     def check(self):
         self.ops += 1
         self.cache.check_integrity()
-        for rid in self.cache.requests:
-            table, lens = self.cache.build_layer_tables([rid])
-            self._check_read(table.reshape(self.V, -1), lens.reshape(-1), self.expect[rid])
+        for rid, req in self.cache.requests.items():
+            self._check_read(req.pages.pages, req.pages.lens, self.expect[rid])
+        for rid, (row, rec) in self.dec.rows.items():
+            if self.cache.requests.get(rid) is rec:
+                self.dec.tables.check(row, rec.pages)
         for seg_id in self.parent:
             segs = [self.cache.store.get(s) for s in self.chain(seg_id)]
             table, _, lens = assemble(segs, self.V, self.P)
@@ -183,7 +191,7 @@ def random_op(model: PoolModel, rng: random.Random) -> None:
         else:
             model.decode(rng.sample(ready, rng.randint(1, len(ready))), checked=rng.random() < 0.5)
     elif choice < 0.8:
-        model.finish(rng.choice([r for r, _ in reqs]))
+        model.finish_request(rng.choice([r for r, _ in reqs]))
     elif choice < 0.85:
         model.retract(rng.choice([r for r, _ in reqs]))
     elif choice < 0.95 and model.leaves():
@@ -253,7 +261,7 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(data=st.data(), cache=st.booleans())
     def release(self, data, cache):
         rid = data.draw(st.sampled_from(sorted(self.model.cache.requests)))
-        self.model.finish(rid) if cache else self.model.retract(rid)
+        self.model.finish_request(rid) if cache else self.model.retract(rid)
 
     @precondition(lambda self: self.model.leaves())
     @rule(data=st.data())

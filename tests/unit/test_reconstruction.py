@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tangram_sglang.attention.reconstruction import reconstruction_attention
+from tangram_sglang.scorers.kvzip.attention import reconstruction_attention
 from tangram_sglang.attention.testing import make_ragged_cache
 from tangram_sglang.scorers import KVzipScorer, get_scorer
 

@@ -48,7 +48,7 @@ def test_protected_tokens_reserved_equals_used():
     for n in adm.plan.chunk_tokens:
         w = cache.prefill_chunk("a", n)
     assert w.counts.ravel().tolist() == [9, 9, 9, 9]
-    assert cache.request_pages_taken("a").tolist() == adm.plan.prefill_pages.tolist()
+    assert cache.requests["a"].taken.tolist() == adm.plan.prefill_pages.tolist()
     cache.check_integrity()
 
 

@@ -19,6 +19,8 @@ from tangram_sglang.profile.tensor_parallel import (
 )
 from tangram_sglang.profile.validation import parse_profile
 
+from pool_driver import finish
+
 
 def random_profile(num_kv_heads=8, num_layers=5, heads_per_group=2, seed=0, ratios=(0.5, 0.25)):
     rng = np.random.default_rng(seed)
@@ -166,17 +168,17 @@ def test_rank_pools_stay_in_lockstep_under_random_operations(t, hpg):
             done = [r for r in live if ranks.caches[0].requests[r].prefill_done]
             if done:
                 batch = rng.sample(done, rng.randint(1, len(done)))
-                ranks.all(lambda c: c.decode_step(batch, locs=False))
+                ranks.all(lambda c: c.decode_step(batch))
         elif op < 0.9 and live:
             rid = rng.choice(list(live))
             if ranks.caches[0].requests[rid].prefill_done and rng.random() < 0.7:
-                segs = ranks.all(lambda c: [s.seg_id for s in c.finish(rid)])
+                segs = ranks.all(lambda c: [s.seg_id for s in finish(c, rid)])
                 assert all(s == segs[0] for s in segs)      # the tree sees the same segments on every rank
                 prev = prefix_of[rid][-1] if prefix_of[rid] else None
                 for s in segs[0]:
                     parent[s], prev = prev, s
             else:
-                ranks.all(lambda c: c.abort(rid))
+                ranks.all(lambda c: c.release(rid))
             del live[rid], prefix_of[rid]
         else:
             leaves = [s for s in parent if s not in set(parent.values()) and

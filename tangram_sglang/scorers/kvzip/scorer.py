@@ -8,11 +8,11 @@ chunk's own tokens; they attend to the cached history, the whole chunk and
 themselves, and their KV is never stored. A chunk entry's score per KV head is
 the largest softmax probability any reconstruction query (of the head's GQA
 group) pays it, the softmax over the head's first ``sinks`` cached slots, the
-chunk and the reconstruction tokens (tangram_sglang.attention.reconstruction).
+chunk and the reconstruction tokens (tangram_sglang.scorers.kvzip.attention).
 
-Scores therefore need a whole extra forward pass, not one chunk's q, k, v:
-``needs_reconstruction`` tells the serving backend and the dense oracle to run
-it; ``score`` itself refuses.
+Scores therefore need a whole extra forward pass, not one chunk's q, k, v: the scorer's
+forward pass runs it when served (serving_pass.KVzipPass), ``needs_reconstruction`` tells the
+dense oracle to; ``score`` itself refuses.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ class KVzipScorer(Scorer):
         object.__setattr__(self, "prefix_ids", tuple(int(t) for t in self.prefix_ids))
         if self.sinks < 0:
             raise ValueError(f"kvzip sinks must be >= 0, got {self.sinks}")
+
+    def forward_pass(self):
+        from tangram_sglang.scorers.kvzip.serving_pass import KVzipPass
+
+        return KVzipPass(self)
 
     def score(self, q, k, v, state=None, hidden=None):
         raise ValueError("kvzip scores come from a reconstruction pass over the whole model "

@@ -1,15 +1,13 @@
-"""The KVzip reconstruction pass inside SGLang's prefill forward (scorers/kvzip.py).
+"""The KVzip reconstruction pass inside SGLang's prefill forward (scorers/kvzip/scorer.py).
 
-With a scorer that ``needs_reconstruction``, the backend holds each layer's
-chunk K/V back instead of compressing it. When the model's forward returns
-(logits already computed from the chunk), ``ReconstructionPass.run`` feeds
-every request's reconstruction tokens (the scorer's prefix ids, then the
-chunk's own ids, at the positions after the chunk) through the model's layer
-stack with a shallow copy of the forward batch; the backend answers those
-attention calls with ``reconstruction_attention`` (cached pages + held-back
-chunk + causal reconstruction, nothing stored) and keeps the scores. Then
-every layer's chunk is compressed with its scores into the reserved slots,
-exactly as the other scorers' chunks are.
+KVzipPass (the scorer's forward pass, scorers/forward_pass.py) holds each layer's chunk K/V
+back instead of compressing it. When the model's forward returns (logits already computed from
+the chunk), ``run_reconstruction`` feeds every request's reconstruction tokens (the scorer's
+prefix ids, then the chunk's own ids, at the positions after the chunk) through the model's
+layer stack with a shallow copy of the forward batch; the pass answers those attention calls
+with ``reconstruction_attention`` (cached pages + held-back chunk + causal reconstruction,
+nothing stored) and keeps the scores. Then every layer's chunk is compressed with its scores
+into the reserved slots, exactly as the other scorers' chunks are.
 """
 
 from __future__ import annotations
@@ -18,6 +16,9 @@ import copy
 from dataclasses import dataclass, field
 
 import torch
+
+from tangram_sglang.scorers.forward_pass import ScoringPass
+from tangram_sglang.scorers.kvzip.attention import reconstruction_attention
 
 
 @dataclass
@@ -87,3 +88,54 @@ def run_reconstruction(model, forward_batch, cu_seqlens: torch.Tensor, prefix_id
         layer_stack(model)(ids, pos, fb)
     finally:
         state.active = False
+
+
+class KVzipPass(ScoringPass):
+    """Holds each layer's chunk; after the model's forward, runs the reconstruction pass (the
+    wrapped ``model.forward``), then writes every held chunk with its scores."""
+
+    def __init__(self, scorer):
+        super().__init__(scorer)
+        self.recon = ReconstructionPass()
+        self.max_positions: int | None = None
+
+    def prepare(self, model, max_positions: int) -> None:
+        if self.max_positions is not None:
+            return
+        self.max_positions = max_positions
+        inner = model.forward
+
+        def forward(*args, **kwargs):
+            out = inner(*args, **kwargs)
+            if self.recon.held:
+                fb = kwargs.get("forward_batch", args[2] if len(args) > 2 else None)
+                self._reconstruct_and_write(model, fb)
+            return out
+
+        model.forward = forward
+
+    def begin(self, forward_batch, writer) -> None:
+        super().begin(forward_batch, writer)
+        self.recon.reset()
+
+    def attention(self, layer, q3, k3, v3):
+        if not self.recon.active:
+            return None
+        lid = layer.layer_id
+        _, k_chunk, v_chunk = self.recon.held[lid]
+        k_pages, v_pages, table, lens, meta = self.writer.cached(lid)
+        o, scores = reconstruction_attention(q3, k3, v3, self.recon.cu_rec, k_chunk, v_chunk, self.writer.cu_seqlens,
+                                             k_pages, v_pages, table, lens, meta, layer.scaling,
+                                             sinks=self.scorer.sinks)
+        self.recon.scores[lid] = scores
+        return o
+
+    def chunk(self, layer_id, q3, k3, v3) -> None:
+        self.recon.hold(layer_id, q3, k3, v3)  # compressed once the reconstruction pass has scored it
+
+    def _reconstruct_and_write(self, model, forward_batch) -> None:
+        run_reconstruction(model, forward_batch, self.writer.cu_seqlens, self.scorer.prefix_ids, self.recon,
+                           max_positions=self.max_positions)
+        for lid, (q3, k3, v3) in sorted(self.recon.held.items()):
+            self.writer.write(lid, self.scorer, q3, k3, v3, scores=self.recon.scores[lid])
+        self.recon.reset()

@@ -1,6 +1,6 @@
 """Torch reference of the KVzip reconstruction pass of one layer, on ragged groups.
 
-After a prefill chunk's forward, the KVzip scorer (scorers/kvzip.py) runs the
+After a prefill chunk's forward, the KVzip scorer (scorers/kvzip/scorer.py) runs the
 model once more on reconstruction tokens (a repeat instruction followed by the
 chunk's own tokens) whose KV is never stored. In each layer the reconstruction
 queries of request b attend to

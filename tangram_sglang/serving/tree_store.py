@@ -1,0 +1,59 @@
+"""TreeStore: all the radix tree (sglang/radix.py) may see of the serving state.
+
+The tree links pool segments into SGLang's radix structure. It needs the segments (look up,
+split, drop), each request's publication (the segments finished since the tree last linked it,
+and where its chain ends), how many pages are free after its evictions, and a way to say a
+request left. Nothing else of the pool or the serving state reaches it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tangram_sglang.pool import RaggedKVCache
+from tangram_sglang.pool.records import Publication
+from tangram_sglang.pool.segments import Segment
+
+
+class TreeStore:
+    def __init__(self, cache: RaggedKVCache, counters, release: Callable[[str], None]):
+        self._cache, self._counters, self._release = cache, counters, release
+
+    # -- publication ------------------------------------------------------------------------------
+    def publish(self, rid: str, include_tail: bool) -> tuple[list[Segment], Publication] | None:
+        """The request's segments finished since the tree last linked it (with include_tail, its
+        generated tokens too) and its Publication, whose node / tokens / detached still say where
+        its tree chain ended before them: the tree links the segments there and records the new
+        end with ``Publication.link``. None for a request the pool does not hold."""
+        req = self._cache.requests.get(rid)
+        if req is None:
+            return None
+        return self._cache.publish(rid, include_tail=include_tail), req.published
+
+    def left(self, rid: str, *, retracted: bool) -> None:
+        """The request left SGLang (finished, aborted, or retracted for lack of decode pages)."""
+        if retracted:
+            self._counters.retracted += 1
+        self._release(rid)
+
+    # -- segments ---------------------------------------------------------------------------------
+    def segment(self, seg_id: int) -> Segment:
+        return self._cache.store.get(seg_id)
+
+    def segment_ids(self) -> set[int]:
+        return set(self._cache.store.segments)
+
+    def split(self, seg_id: int, num_tokens: int) -> tuple[Segment, Segment]:
+        """Split an uncompressed segment after num_tokens tokens: (upper part, lower part)."""
+        return self._cache.store.split(seg_id, num_tokens)
+
+    def drop(self, seg_id: int, *, evicted: bool = False) -> None:
+        """Drop a segment's page references: evicted from the tree, or never linked into it."""
+        self._cache.evict(seg_id)
+        if evicted:
+            self._counters.evicted_segments += 1
+
+    @property
+    def available_pages(self) -> int:
+        """Free pages not reserved by any request (what admission and decode can take)."""
+        return self._cache.pool.available
