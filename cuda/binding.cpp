@@ -11,6 +11,8 @@ int dtype_code(const at::Tensor& t) {
   if (t.scalar_type() == at::kFloat) return TANGRAM_F32;
   if (t.scalar_type() == at::kHalf) return TANGRAM_F16;
   if (t.scalar_type() == at::kBFloat16) return TANGRAM_BF16;
+  if (t.scalar_type() == at::kFloat8_e4m3fn) return TANGRAM_FP8_E4M3;
+  if (t.scalar_type() == at::kFloat8_e5m2) return TANGRAM_FP8_E5M2;
   TORCH_CHECK(false, "tangram ragged decode: unsupported dtype ", t.scalar_type());
 }
 
@@ -29,8 +31,9 @@ std::vector<at::Tensor> ragged_decode(at::Tensor q, at::Tensor k_pages, at::Tens
                                       double sm_scale) {
   TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.stride(-1) == 1, "q must be CUDA [B, Hq, d] with unit last stride");
   TORCH_CHECK(k_pages.is_contiguous() && v_pages.is_contiguous(), "k_pages and v_pages must be contiguous");
-  TORCH_CHECK(k_pages.scalar_type() == q.scalar_type() && v_pages.scalar_type() == q.scalar_type(),
-              "q, k_pages and v_pages must share a dtype");
+  const bool fp8 = k_pages.scalar_type() == at::kFloat8_e4m3fn || k_pages.scalar_type() == at::kFloat8_e5m2;
+  TORCH_CHECK((fp8 || k_pages.scalar_type() == q.scalar_type()) && v_pages.scalar_type() == k_pages.scalar_type(),
+              "k_pages and v_pages must share a dtype: q's, or FP8 (e4m3fn / e5m2)");
   check_int(block_table, at::kInt, "block_table");
   check_int(seq_lens, at::kInt, "seq_lens");
   check_int(q_head, at::kLong, "q_head");
@@ -58,7 +61,8 @@ std::vector<at::Tensor> ragged_decode(at::Tensor q, at::Tensor k_pages, at::Tens
   p.num_ctas = static_cast<int>(num_ctas); p.page_size = static_cast<int>(k_pages.size(1));
   p.heads_per_group = static_cast<int>(hp); p.gqa = static_cast<int>(gqa); p.head_dim = static_cast<int>(d);
   p.sm_scale = static_cast<float>(sm_scale);
-  const cudaError_t err = tangram_ragged_decode(&p, dtype_code(q), c10::cuda::getCurrentCUDAStream().stream());
+  const cudaError_t err = tangram_ragged_decode(&p, dtype_code(q), dtype_code(k_pages),
+                                                c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "tangram ragged decode launch failed: ", cudaGetErrorString(err));
   return {o, lse};
 }

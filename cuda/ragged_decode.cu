@@ -10,10 +10,13 @@
 //     row, written to the row's query head q_head[g, r].
 // Scores: one warp per slot (lanes split d, coalesced K reads); values: one
 // thread per (row, channel) (coalesced V reads). Accumulation in float32.
+// Pages are q's type or FP8 (e4m3 / e5m2): read as float, their scales applied by
+// the caller (k_scale folded into sm_scale, v_scale on the output).
 #include "ragged_decode.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <math.h>
 
 namespace {
@@ -27,6 +30,8 @@ constexpr int kMaxHeadDim = 256;
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__nv_fp8_e4m3 x) { return static_cast<float>(x); }
+__device__ __forceinline__ float to_float(__nv_fp8_e5m2 x) { return static_cast<float>(x); }
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
@@ -67,8 +72,8 @@ __device__ Smem carve(char* base, int gqa, int d) {
 
 // Scores of one tile: warp w takes slots w, w + kWarps, ...; then per-row
 // online-softmax bookkeeping (one warp per row).
-template <typename T>
-__device__ void score_tile(const TangramDecodeParams& p, const T* k, Smem& s, int head_slot, int t0, int n) {
+template <typename KV>
+__device__ void score_tile(const TangramDecodeParams& p, const KV* k, Smem& s, int head_slot, int t0, int n) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, d = p.head_dim, gqa = p.gqa;
   for (int i = warp; i < kTile; i += kWarps) {
     float part[kMaxGqa];
@@ -76,7 +81,7 @@ __device__ void score_tile(const TangramDecodeParams& p, const T* k, Smem& s, in
     const bool valid = i < n;
     if (valid) {
       const int64_t loc = s.loc[i];
-      const T* krow = k + (loc * p.heads_per_group + head_slot) * d;
+      const KV* krow = k + (loc * p.heads_per_group + head_slot) * d;
       for (int c = lane; c < d; c += 32) {
         const float kc = to_float(krow[c]);
         for (int j = 0; j < gqa; ++j) part[j] += s.q[j * d + c] * kc;
@@ -110,7 +115,7 @@ __device__ void score_tile(const TangramDecodeParams& p, const T* k, Smem& s, in
   __syncthreads();
 }
 
-template <typename T>
+template <typename T, typename KV>
 __global__ void split_kernel(TangramDecodeParams p) {
   extern __shared__ __align__(16) char smem_raw[];
   const int t = blockIdx.x, b = blockIdx.y, d = p.head_dim, gqa = p.gqa, rows = p.heads_per_group * gqa;
@@ -121,8 +126,8 @@ __global__ void split_kernel(TangramDecodeParams p) {
   const int end = min(start + piece, len);
   const int32_t* table = p.block_table + b * p.stride_btb + g * p.stride_btg;
   const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k_pages);
-  const T* v = static_cast<const T*>(p.v_pages);
+  const KV* k = static_cast<const KV*>(p.k_pages);
+  const KV* v = static_cast<const KV*>(p.v_pages);
   Smem s = carve(smem_raw, gqa, d);
   for (int hs = 0; hs < p.group_size[g]; ++hs) {
     const int64_t* qh = p.q_head + static_cast<int64_t>(g) * rows + hs * gqa;
@@ -139,7 +144,7 @@ __global__ void split_kernel(TangramDecodeParams p) {
         s.loc[i] = static_cast<int64_t>(table[slot / p.page_size]) * p.page_size + slot % p.page_size;
       }
       __syncthreads();
-      score_tile<T>(p, k, s, hs, t0, n);
+      score_tile<KV>(p, k, s, hs, t0, n);
       for (int i = threadIdx.x; i < gqa * d; i += kThreads) {
         const int j = i / d, c = i % d;
         float a = s.acc[i] * s.alpha[j];
@@ -185,28 +190,37 @@ __global__ void merge_kernel(TangramDecodeParams p) {
   }
 }
 
-template <typename T>
+template <typename T, typename KV>
 cudaError_t launch(const TangramDecodeParams& p, cudaStream_t stream) {
   const size_t smem = kTile * sizeof(int64_t) + sizeof(float) * (2 * p.gqa * p.head_dim + p.gqa * kTile + 3 * p.gqa);
   if (p.gqa > kMaxGqa || p.head_dim > kMaxHeadDim) return cudaErrorInvalidValue;
   if (p.batch == 0 || p.num_ctas == 0) return cudaSuccess;
   if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(split_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t e = cudaFuncSetAttribute(split_kernel<T, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  split_kernel<T><<<dim3(p.num_ctas, p.batch), kThreads, smem, stream>>>(p);
+  split_kernel<T, KV><<<dim3(p.num_ctas, p.batch), kThreads, smem, stream>>>(p);
   merge_kernel<T><<<dim3(p.num_groups, p.batch), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
+template <typename T>
+cudaError_t launch_pages(const TangramDecodeParams& p, int kv_dtype, int dtype, cudaStream_t stream) {
+  if (kv_dtype == dtype) return launch<T, T>(p, stream);
+  if (kv_dtype == TANGRAM_FP8_E4M3) return launch<T, __nv_fp8_e4m3>(p, stream);
+  if (kv_dtype == TANGRAM_FP8_E5M2) return launch<T, __nv_fp8_e5m2>(p, stream);
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
-extern "C" cudaError_t tangram_ragged_decode(const TangramDecodeParams* params, int dtype, cudaStream_t stream) {
+extern "C" cudaError_t tangram_ragged_decode(const TangramDecodeParams* params, int dtype, int kv_dtype,
+                                             cudaStream_t stream) {
   switch (dtype) {
-    case TANGRAM_F32: return launch<float>(*params, stream);
-    case TANGRAM_F16: return launch<__half>(*params, stream);
-    case TANGRAM_BF16: return launch<__nv_bfloat16>(*params, stream);
+    case TANGRAM_F32: return launch_pages<float>(*params, kv_dtype, dtype, stream);
+    case TANGRAM_F16: return launch_pages<__half>(*params, kv_dtype, dtype, stream);
+    case TANGRAM_BF16: return launch_pages<__nv_bfloat16>(*params, kv_dtype, dtype, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -14,6 +14,8 @@ Same conversations (benchmarks/fidelity/tasks.py) and token ids for every settin
   uniform     the same oracle, every head keeping the profile's mean per-head budget (equal memory)
   kvpress-X   NVIDIA kvpress 0.5.5 in its own venv (benchmarks/fidelity/kvpress_env.py): history compressed at
               prefill, the final question and answer uncompressed; X in snapkv, adakv-snapkv, kvzip, ...
+  X+fp8_e4m3  (--kv-cache-dtype) the setting with its KV stored in that type: the server's flag, the
+              oracle storing its cache so (stock SGLang 0.5.23 refuses FP8 KV on a CPU without Intel AMX)
   X~position  (--chunking position, an experiment on the oracle settings) chunks fixed by sequence
               position over the whole prompt, each partial chunk kept whole until later turns complete it,
               instead of each turn's new tokens chunked as they arrive (what serving does)
@@ -74,6 +76,8 @@ def parse(argv=None):
                     "this older code version per setting and ratio; if every answer is identical, its rows "
                     "count for the current version (recorded in fidelity_versions.json)")
     ap.add_argument("--carry-check", type=int, default=6)
+    ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3", "fp8_e5m2"), default="auto",
+                    help="store KV in this type (settings are then recorded as setting+TYPE; kvpress is skipped)")
     args = ap.parse_args(argv)
     args.protect = tuple(int(x) for x in args.protect.split(","))
     if args.protect != DEFAULT_PROTECT:
@@ -91,6 +95,10 @@ def parse(argv=None):
         renamed = [s + tag if s not in ("full", *KVPRESS) else s for s in args.settings]
         RUNNERS.update({n: RUNNERS[s] for s, n in zip(args.settings, renamed)})
         args.settings = renamed
+    if args.kv_cache_dtype != "auto":
+        tagged = [s + "+" + args.kv_cache_dtype for s in args.settings if s not in KVPRESS]
+        RUNNERS.update({n: RUNNERS[base_setting(n)] for n in tagged})
+        args.settings = tagged
     if args.quick:
         args.models, args.retrieval_per_kind, args.replays_per_kind, args.doc_tokens = ["smollm2"], 4, 2, 350
     return args

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from benchmarks.common.client import generate, server_state
 from benchmarks.common.log import logger
 from benchmarks.common.paths import ROOT
-from benchmarks.fidelity.settings import CHUNK, KVPRESS, ORACLE, PROFILES, base_setting
+from benchmarks.fidelity.settings import CHUNK, KVPRESS, ORACLE, PROFILES, base_setting, kv_cache_dtype
 from benchmarks.fidelity.store import RunStore, digest
 from benchmarks.fidelity.tasks import Conversation
 from benchmarks.fidelity.versions import KVPRESS_FILES
@@ -51,6 +51,8 @@ def run_server(setting, ratio, convs, args, store, model, model_path, version) -
 
     profile = os.path.join(ROOT, PROFILES[model]) if setting.startswith("tangram") else None
     extra = ["--max-total-tokens", str(args.max_total_tokens)] + (["--tangram-ratio", str(ratio)] if profile else [])
+    if kv_cache_dtype(setting):
+        extra += ["--kv-cache-dtype", kv_cache_dtype(setting)]
     with ServerProcess(model_path, port=args.port, profile=profile, extra_args=extra,
                        log_path=f"/tmp/fidelity-{args.port}-{setting}-{ratio:g}.log") as srv:
         log(f"{setting} {ratio:g}: server up, {len(convs)} sessions, {args.concurrency} at a time")
@@ -102,6 +104,7 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
         per_head = [entry.group_budget[l][g] for l, groups in enumerate(entry.groups) for g, hs in enumerate(groups)
                     for _ in hs]
         selection = UniformSelection(float(sum(per_head) / len(per_head)))
+    kv_dtype = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}.get(kv_cache_dtype(setting))
     lm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     stop = {int(t) for t in ([lm.config.eos_token_id] if isinstance(lm.config.eos_token_id, int)
                              else lm.config.eos_token_id or [])}
@@ -115,7 +118,7 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
         run = reference_run(lm, entry, heads_per_group=prof.heads_per_group, method=scorer,
                             prompt_ids=conv.prompt, max_new_tokens=args.max_new_tokens,
                             chunk_tokens=chunks, stop_ids=stop, selection=selection,
-                            turn_ends=ends, protection=protect)
+                            turn_ends=ends, protection=protect, kv_dtype=kv_dtype)
         ids = run.tokens[:-1] if run.tokens and run.tokens[-1] in stop else run.tokens
         hist = conv.history_len
         kept = float(torch.stack([k[:, :hist].float().mean() for k in run.kept]).mean())

@@ -16,6 +16,11 @@ RUNS = result_path("fidelity", "fidelity_runs.jsonl")  # fidelity_versions.json 
 
 
 def base_setting(setting: str) -> str:
-    """'dynamic' of 'dynamic@0,0', 'dynamic~position', 'dynamic[fastkvzip]' (the tags of --protect,
-    --chunking and --profile)."""
-    return re.split(r"[@~\[]", setting)[0]
+    """'dynamic' of 'dynamic@0,0', 'dynamic~position', 'dynamic[fastkvzip]', 'dynamic+fp8_e4m3' (the tags
+    of --protect, --chunking, --profile and --kv-cache-dtype)."""
+    return re.split(r"[@~\[+]", setting)[0]
+
+
+def kv_cache_dtype(setting: str) -> str | None:
+    """The --kv-cache-dtype of a setting tagged '+fp8_e4m3' (None: the model's dtype)."""
+    return setting.rpartition("+")[2] if "+" in setting else None

@@ -25,7 +25,7 @@ def code_version(setting: str, profile: str) -> str:
     """What a setting's answers depend on (besides the token ids): the served package for Tangram,
     only the modules the dense oracle imports for the oracle settings (a data-plane change in
     attention/ or serving/ cannot change them), the runner for kvpress, SGLang's version for full KV."""
-    if setting == "full":
+    if base_setting(setting) == "full":
         import sglang
 
         return digest("sglang", sglang.__version__)

@@ -52,7 +52,8 @@ def ragged_decode_cuda(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
     """Decode attention over ragged groups on the GPU (see reference.ragged_decode_torch).
 
     block_table, seq_lens: int32 with a unit last stride; k_pages, v_pages contiguous,
-    same dtype as q (float32, float16 or bfloat16). Returns o [B, Hq, d] (and lse
+    in q's dtype (float32, float16 or bfloat16) or FP8 (kv_quant.py: meta.k_scale folds into
+    sm_scale, meta.v_scale scales the output). Returns o [B, Hq, d] (and lse
     float32 [B, Hq] if return_lse). rows (see the reference): the kernel reads a [B, G, W]
     table, so the batch's rows are gathered first (the Triton kernel reads them in place).
     """
@@ -61,5 +62,7 @@ def ragged_decode_cuda(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
     ext = load_extension()
     o, lse = ext.ragged_decode(q, k_pages, v_pages, block_table, seq_lens, meta.q_head, meta.group_size,
                                split.splits, split.cta_offset, split.cta_group, split.cta_split, meta.gqa,
-                               float(sm_scale))
+                               float(sm_scale) * meta.k_scale)
+    if meta.v_scale != 1.0:
+        o.mul_(meta.v_scale)
     return (o, lse) if return_lse else o

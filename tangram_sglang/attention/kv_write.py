@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from tangram_sglang.attention.kv_quant import quantize
 from tangram_sglang.attention.layer_meta import LayerMeta
 
 
@@ -47,8 +48,8 @@ def write_decode_kv(k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, met
     k, v: [B, H, d]; out_loc: int64 [B * G], the new slot of (b, g) (slot_locs with count 1).
     """
     hp, d = k_pages.shape[2], k_pages.shape[3]
-    k_pages.view(-1, hp, d)[out_loc] = group_heads_of(k, meta).reshape(-1, hp, d).to(k_pages.dtype)
-    v_pages.view(-1, hp, d)[out_loc] = group_heads_of(v, meta).reshape(-1, hp, d).to(v_pages.dtype)
+    k_pages.view(-1, hp, d)[out_loc] = quantize(group_heads_of(k, meta).reshape(-1, hp, d), k_pages.dtype, meta.k_scale)
+    v_pages.view(-1, hp, d)[out_loc] = quantize(group_heads_of(v, meta).reshape(-1, hp, d), v_pages.dtype, meta.v_scale)
 
 
 def write_kept_kv(k: torch.Tensor, v: torch.Tensor, token: torch.Tensor, keep: torch.Tensor,
@@ -68,9 +69,9 @@ def write_kept_kv(k: torch.Tensor, v: torch.Tensor, token: torch.Tensor, keep: t
     head = meta.kv_head[None, :, :, None].expand_as(src)
     j = torch.arange(kmax, device=token.device)
     mask = None if take is not None else j[None, None, :] < keep[:, :, None].to(torch.int64)  # [B, G, kmax]
-    for src_t, pages in ((k, k_pages), (v, v_pages)):
+    for src_t, pages, scale in ((k, k_pages, meta.k_scale), (v, v_pages, meta.v_scale)):
         vals = src_t[src, head]  # [B, G, H_p, kmax, d]
         vals = vals.masked_fill(~meta.head_valid[None, :, :, None, None], 0)
         vals = vals.permute(0, 1, 3, 2, 4)  # [B, G, kmax, H_p, d]
         vals = vals[mask] if take is None else vals.reshape(-1, hp, d).index_select(0, take)  # [sum(keep), H_p, d]
-        pages.view(-1, hp, d)[out_loc] = vals.to(pages.dtype)
+        pages.view(-1, hp, d)[out_loc] = quantize(vals, pages.dtype, scale)

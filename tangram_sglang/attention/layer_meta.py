@@ -37,6 +37,7 @@ class LayerMeta:
     q_row: int64 [Hq], flat row (g * R + r) serving each query head.
     group_of_head, slot_of_head: int64 [H], where each KV head lives.
     group_budget: float64 [G] numpy, beta of each group (None when unknown).
+    k_scale, v_scale: the layer's KV quantization scales (pages hold x / scale; 1.0 unquantized).
     """
 
     num_kv_heads: int
@@ -51,6 +52,8 @@ class LayerMeta:
     group_of_head: torch.Tensor
     slot_of_head: torch.Tensor
     group_budget: np.ndarray | None = None
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     @property
     def num_groups(self) -> int:
@@ -102,12 +105,16 @@ def build_layer_meta(groups: list[list[int]], *, num_q_heads: int, num_kv_heads:
 
 
 def build_layer_metas(entry, *, num_q_heads: int, num_kv_heads: int, heads_per_group: int,
-                      device="cpu") -> list[LayerMeta]:
-    """One LayerMeta per layer of a profile RatioEntry (groups and group budgets)."""
+                      device="cpu", kv_scales=None) -> list[LayerMeta]:
+    """One LayerMeta per layer of a profile RatioEntry (groups and group budgets); kv_scales:
+    per layer (k_scale, v_scale) of quantized pages, None for 1.0 everywhere."""
+    scales = kv_scales or [(1.0, 1.0)] * len(entry.groups)
     return [
-        build_layer_meta(entry.groups[layer], num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                         heads_per_group=heads_per_group, group_budget=entry.group_budget[layer],
-                         device=device)
+        dataclasses.replace(
+            build_layer_meta(entry.groups[layer], num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                             heads_per_group=heads_per_group, group_budget=entry.group_budget[layer],
+                             device=device),
+            k_scale=float(scales[layer][0]), v_scale=float(scales[layer][1]))
         for layer in range(len(entry.groups))
     ]
 

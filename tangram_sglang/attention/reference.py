@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from tangram_sglang.attention.fused_cpu import attend_block_fused
+from tangram_sglang.attention.kv_quant import dequantize
 from tangram_sglang.attention.layer_meta import LayerMeta
 from tangram_sglang.attention.merge import merge_by_item
 from tangram_sglang.attention.pieces import Pieces, piece_slots, split_pieces, tile_pieces
@@ -41,7 +42,7 @@ def ungroup_rows(x: torch.Tensor, meta: LayerMeta, batch: int, num_q: int) -> to
 
 def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                   block_table: torch.Tensor, pieces: Pieces, sm_scale: float, fused: bool = False,
-                  rows: torch.Tensor | None = None):
+                  rows: torch.Tensor | None = None, scales: tuple[float, float] = (1.0, 1.0)):
     """Partial attention of every piece, in batches of pieces (a loop over work, not requests).
 
     qg: float32 [B * G, H_p, Mg, d] (group_rows); k_pages, v_pages: [num_pages, P, H_p, d].
@@ -50,6 +51,7 @@ def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
     gathers its K and V into two buffers reused by every batch (see GATHER_BYTES).
     fused: each batch on ATen's fused CPU kernel (fused_cpu.attend_block_fused) instead of
     the two matmuls below (CPU tensors only). rows: see ragged_decode_torch.
+    scales: (k_scale, v_scale) of quantized pages (kv_quant.py); gathered K/V are dequantized.
     """
     _, page_size, hp, d = k_pages.shape
     loc, valid = piece_slots(pieces, block_table, page_size, rows)
@@ -64,9 +66,9 @@ def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
     for i in range(0, num_p, step):
         j = min(i + step, num_p)
         flat, n = loc[i:j].reshape(-1), (j - i) * width
-        k = torch.index_select(kf, 0, flat, out=k_buf[:n]).view(j - i, width, hp, d).float()
+        k = dequantize(torch.index_select(kf, 0, flat, out=k_buf[:n]).view(j - i, width, hp, d), scales[0])
         if fused:
-            v = torch.index_select(vf, 0, flat, out=v_buf[:n]).view(j - i, width, hp, d).float()
+            v = dequantize(torch.index_select(vf, 0, flat, out=v_buf[:n]).view(j - i, width, hp, d), scales[1])
             o[i:j], lse[i:j] = attend_block_fused(q[i:j], k, v, invalid[i:j])
             continue
         s = torch.matmul(q[i:j], k.permute(0, 2, 3, 1))  # [n, H_p, Mg, W]
@@ -74,7 +76,7 @@ def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
         m = s.amax(dim=-1, keepdim=True)  # finite: every piece has >= 1 slot
         p = s.sub_(m).exp_()
         denom = p.sum(dim=-1)
-        v = torch.index_select(vf, 0, flat, out=v_buf[:n]).view(j - i, width, hp, d).float()
+        v = dequantize(torch.index_select(vf, 0, flat, out=v_buf[:n]).view(j - i, width, hp, d), scales[1])
         torch.matmul(p, v.transpose(1, 2), out=o[i:j]).div_(denom[..., None])
         torch.log(denom, out=lse[i:j]).add_(m.squeeze(-1))
     return o, lse
@@ -103,7 +105,8 @@ def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
         o = torch.zeros(qg.shape, dtype=torch.float32, device=qg.device)
         lse = torch.full(qg.shape[:-1], float("-inf"), device=qg.device)
     else:
-        o, lse = attend_pieces(qg, k_pages, v_pages, block_table, pieces, sm_scale, fused, rows)
+        o, lse = attend_pieces(qg, k_pages, v_pages, block_table, pieces, sm_scale, fused, rows,
+                               (meta.k_scale, meta.v_scale))
         o, lse = merge_by_item(o, lse, pieces.item, pieces.num_items)
     return ungroup_rows(o, meta, batch, num_q), ungroup_rows(lse, meta, batch, num_q)
 

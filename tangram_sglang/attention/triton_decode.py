@@ -109,8 +109,9 @@ def _split_kernel(Q, K, V, BT, ROWS, LENS, SPLITS, CTA_G, CTA_S, QH, GSIZE, MID_
                 slot = t0 + tl.arange(0, BLOCK_N)
                 nmask = slot < end
                 kv = _paged_rows(bt_row, slot, nmask, p, PAGE, HP)
-                k = _load_tile(K, kv, D, nmask, BLOCK_D, D)
-                v = _load_tile(V, kv, D, nmask, BLOCK_D, D)
+                # FP8 pages (kv_quant.py) widen to q's type; their scales are applied by the host
+                k = _load_tile(K, kv, D, nmask, BLOCK_D, D).to(Q.dtype.element_ty)
+                v = _load_tile(V, kv, D, nmask, BLOCK_D, D).to(Q.dtype.element_ty)
                 m_i, l_i, acc = _attend(q, k, v, nmask, m_i, l_i, acc, sm_scale, PRECISION)
             o, lse = _finish(m_i, l_i, acc)
             row = (b * num_ctas + c) * (HP * GQA) + p * GQA + offs_q
@@ -158,7 +159,8 @@ def ragged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.
     k_pages, v_pages must be contiguous; block_table [B, G, max_pages] and seq_lens
     [B, G] need a unit stride on their last dim. Returns o [B, Hq, d] in q's dtype
     (and lse float32 [B, Hq] if return_lse). rows: int64 [B] table row of each batch
-    entry (block_table then [R, G, max_pages]); None reads row b.
+    entry (block_table then [R, G, max_pages]); None reads row b. Quantized pages
+    (kv_quant.py): meta.k_scale folds into sm_scale, meta.v_scale scales the output.
     """
     batch, hq, d = q.shape
     hp, gqa = meta.heads_per_group, meta.gqa
@@ -177,7 +179,7 @@ def ragged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _split_kernel[(batch, num_ctas)](
         q, k_pages, v_pages, block_table, rows, seq_lens, split.splits, split.cta_group, split.cta_split,
-        meta.q_head, meta.group_size, mid_o, mid_lse, sm_scale,
+        meta.q_head, meta.group_size, mid_o, mid_lse, sm_scale * meta.k_scale,
         q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1), seq_lens.stride(0), num_ctas,
         PAGE=k_pages.shape[1], HP=hp, GQA=gqa, D=d, BLOCK_Q=_pow2(gqa), BLOCK_N=block_n,
         BLOCK_D=_pow2(d), PRECISION=precision)
@@ -185,4 +187,6 @@ def ragged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.
         mid_o, mid_lse, split.splits, split.cta_offset, meta.q_head, meta.group_size, o, lse,
         o.stride(0), o.stride(1), lse.stride(0), num_ctas, HP=hp, GQA=gqa, D=d, BLOCK_R=_pow2(head_rows, 1),
         BLOCK_D=_pow2(d))
+    if meta.v_scale != 1.0:
+        o.mul_(meta.v_scale)
     return (o, lse) if return_lse else o

@@ -27,6 +27,10 @@ Semantics for one request, greedy, float32:
 * The first generated token is the argmax at the last prompt position. Every
   decode token at position p attends to all kept positions plus itself and
   earlier decode tokens; decode tokens are never compressed.
+* Quantized storage (``kv_dtype``, an FP8 type, scale 1): what the cache holds is stored in it
+  and read back as float32. A chunk attends to its own K/V unquantized and its scorer sees them
+  so (the served chunk is written after it is scored); a decode token's K/V are stored first,
+  then read (as served: written to the pages, then attended).
 """
 
 from __future__ import annotations
@@ -38,11 +42,17 @@ import numpy as np
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from tangram_sglang.method.budgets import SCOPES, keep_count
 from tangram_sglang.method.chunks import split_tokens
 from tangram_sglang.method.protection import Protection, chunk_protection
+from tangram_sglang.oracle.selection import (  # noqa: F401  (re-exported: the oracle's public names)
+    DynamicSelection,
+    ProfileSelection,
+    UniformSelection,
+    head_keep_counts,
+    top_positions,
+)
 from tangram_sglang.scorers import Scorer, ScorerState, get_scorer
-from tangram_sglang.scorers.selection import PROTECTED_SCORE, global_topk_mask, model_topk_masks, protect_scores
+from tangram_sglang.scorers.selection import protect_scores
 
 
 @dataclass
@@ -125,27 +135,6 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
     return torch.matmul(probs, vals).transpose(0, 1)
 
 
-def top_positions(row: torch.Tensor, count: int) -> list[int]:
-    """The ``count`` best positions of one head's scores row [n] (ties: later position first).
-
-    Like the served path, -inf is clamped to the lowest float first, so such
-    tokens tie among themselves and fall to the same later-first rule.
-    """
-    values = torch.clamp(row.float(), min=torch.finfo(torch.float32).min).tolist()
-    if any(math.isnan(x) for x in values):
-        raise ValueError("scorer returned NaN")
-    return sorted(range(len(values)), key=lambda p: (values[p], p), reverse=True)[:count]
-
-
-def head_keep_counts(group_budget: np.ndarray, groups: list[list[int]], num_kv_heads: int, n: int) -> list[int]:
-    """Tokens each KV head keeps from an n-token chunk: keep_count(beta_g, n) of its group."""
-    counts = [-1] * num_kv_heads
-    for beta, group in zip(group_budget, groups):
-        for h in group:
-            counts[h] = int(keep_count(float(beta), n))
-    return counts
-
-
 def check_entry(entry, heads_per_group: int, num_layers: int, num_kv_heads: int) -> None:
     """ValueError unless the entry fits the model and every layer's groups partition its heads."""
     budgets = np.asarray(entry.budgets)
@@ -157,67 +146,11 @@ def check_entry(entry, heads_per_group: int, num_layers: int, num_kv_heads: int)
             raise ValueError(f"layer {layer}: groups {groups} are not a partition into <= {heads_per_group} heads")
 
 
-class ProfileSelection:
-    """The served policy: head h of group g keeps its top keep_count(beta[l][g], n) positions."""
-
-    def __init__(self, entry):
-        self.entry = entry
-
-    def kept_mask(self, layer: int, scores: torch.Tensor, floor: int = 0) -> torch.Tensor:
-        """scores float [H, n] (protected positions already raised), floor: protected tokens -> bool [H, n]."""
-        num_heads, n = scores.shape
-        counts = head_keep_counts(self.entry.group_budget[layer], self.entry.groups[layer], num_heads, n)
-        return _mask_of_counts(scores, [max(c, floor) for c in counts])
-
-
-class DynamicSelection:
-    """Per-chunk global top ceil(ratio * H * n) of the layer's scores (the paper's "w/o Tangram").
-
-    scope "model" (a profile calibrated that way): the top ceil(ratio * L * H * n) of every layer's
-    scores of the chunk (``kept_masks``, called once all layers have scored it)."""
-
-    def __init__(self, ratio: float, scope: str = "layer"):
-        if scope not in SCOPES:
-            raise ValueError(f"selection scope must be one of {SCOPES}, got {scope!r}")
-        self.ratio, self.scope = float(ratio), scope
-
-    def kept_mask(self, layer: int, scores: torch.Tensor, floor: int = 0) -> torch.Tensor:
-        mask = global_topk_mask(_finite(scores), self.ratio)
-        return mask | (scores >= PROTECTED_SCORE)
-
-    def kept_masks(self, scores: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Model scope: scores L x float [H, n] (protected raised) -> L x bool [H, n]."""
-        masks = model_topk_masks([_finite(sc) for sc in scores], self.ratio)
-        return [m | (sc >= PROTECTED_SCORE) for m, sc in zip(masks, scores)]
-
-
-def _finite(scores: torch.Tensor) -> torch.Tensor:
-    return torch.clamp(scores.float(), min=torch.finfo(torch.float32).min)
-
-
-class UniformSelection:
-    """Every head keeps its own top keep_count(ratio, n) positions."""
-
-    def __init__(self, ratio: float):
-        self.ratio = float(ratio)
-
-    def kept_mask(self, layer: int, scores: torch.Tensor, floor: int = 0) -> torch.Tensor:
-        num_heads, n = scores.shape
-        return _mask_of_counts(scores, [max(int(keep_count(self.ratio, n)), floor)] * num_heads)
-
-
-def _mask_of_counts(scores: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    mask = torch.zeros(scores.shape, dtype=torch.bool)
-    for h, count in enumerate(counts):
-        mask[h, top_positions(scores[h], count)] = True
-    return mask
-
-
 class _DenseTangram:
     """The model run layer by layer with per-head kept masks (see module docstring)."""
 
     def __init__(self, model, entry, heads_per_group: int, method: str, selection=None,
-                 protection: Protection = Protection(), turn_ends: tuple[int, ...] = ()):
+                 protection: Protection = Protection(), turn_ends: tuple[int, ...] = (), kv_dtype=None):
         self.model = model
         self.inner = model.model
         cfg = model.config
@@ -233,6 +166,15 @@ class _DenseTangram:
         self.cache = [LayerKV.empty(self.num_kv, self.head_dim) for _ in range(num_layers)]
         self.states = [ScorerState() for _ in range(num_layers)]
         self.pending: dict[int, torch.Tensor] = {}  # model scope: layer -> the chunk's protected scores
+        self.kv_dtype = kv_dtype
+
+    def _store(self, cache: LayerKV, start: int, end: int) -> None:
+        """Positions [start, end) of the cache as the storage type holds them (clamped, rounded)."""
+        if self.kv_dtype is None:
+            return
+        top = torch.finfo(self.kv_dtype).max
+        for t in (cache.k, cache.v):
+            t[start:end] = t[start:end].clamp(-top, top).to(self.kv_dtype).float()
 
     def _qkv(self, attn, x: torch.Tensor, cos, sin):
         """Projections of x [n, D] -> q [n, Hq, d], k, v [n, H, d]; q, k after RoPE."""
@@ -333,6 +275,8 @@ class _DenseTangram:
             cache = self.cache[layer]
             allowed = allowed_keys(cache.kept, n)
             cache.append(k, v)
+            if not compress:
+                self._store(cache, start, start + n)  # decode: written, then read
             out = masked_attention(q, cache.k, cache.v, allowed)
             x = x + block.self_attn.o_proj(out.reshape(n, -1))
             x = x + block.mlp(block.post_attention_layernorm(x))
@@ -345,6 +289,9 @@ class _DenseTangram:
             self._reconstruct(ids, start)
         elif compress:
             self._select_model(start)
+        if compress:  # the chunk is stored once scored
+            for cache in self.cache:
+                self._store(cache, start, start + n)
         return logits
 
 
@@ -352,19 +299,20 @@ class _DenseTangram:
 def reference_run(model, entry, *, heads_per_group: int, method: str, prompt_ids: list[int],
                   max_new_tokens: int, chunk_tokens: list[int] | None = None, chunk_size: int = 512,
                   stop_ids: set[int] | frozenset = frozenset(), selection=None,
-                  protection: Protection = Protection(), turn_ends=None) -> ReferenceRun:
+                  protection: Protection = Protection(), turn_ends=None, kv_dtype=None) -> ReferenceRun:
     """reference_generate, also returning the kept masks and chunk bounds (see ReferenceRun).
 
     selection: ProfileSelection(entry) (the default: what the server does), DynamicSelection
     or UniformSelection. protection: sinks and newest prompt tokens every head keeps (as served).
     turn_ends: for a multi-turn prompt, where each turn's request ended (the newest tokens of each
     are protected, as the server did when it served that turn); default [len(prompt_ids)].
+    kv_dtype: the KV storage type (an FP8 type: --kv-cache-dtype), None for float32.
     """
     if not prompt_ids:
         raise ValueError("prompt_ids is empty")
     chunks = chunk_bounds(len(prompt_ids), chunk_tokens, chunk_size)
     ends = tuple(turn_ends or ()) + (len(prompt_ids),)
-    run = _DenseTangram(model, entry, heads_per_group, method, selection, protection, ends)
+    run = _DenseTangram(model, entry, heads_per_group, method, selection, protection, ends, kv_dtype)
     for s, e in chunks:
         logits = run.forward(prompt_ids[s:e], s, compress=True)
     prompt_logits, tokens = logits, []
@@ -381,7 +329,7 @@ def reference_run(model, entry, *, heads_per_group: int, method: str, prompt_ids
 def reference_generate(model, entry, *, heads_per_group: int, method: str, prompt_ids: list[int],
                        max_new_tokens: int, chunk_tokens: list[int] | None = None,
                        chunk_size: int = 512, stop_ids: set[int] | frozenset = frozenset(),
-                       protection: Protection = Protection(), turn_ends=None) -> list[int]:
+                       protection: Protection = Protection(), turn_ends=None, kv_dtype=None) -> list[int]:
     """Greedy tokens the server must produce for this prompt (float32).
 
     model: HF LlamaForCausalLM / Qwen2ForCausalLM, float32, eval. entry: a
@@ -393,4 +341,4 @@ def reference_generate(model, entry, *, heads_per_group: int, method: str, promp
     """
     return reference_run(model, entry, heads_per_group=heads_per_group, method=method, prompt_ids=prompt_ids,
                          max_new_tokens=max_new_tokens, chunk_tokens=chunk_tokens, chunk_size=chunk_size,
-                         stop_ids=stop_ids, protection=protection, turn_ends=turn_ends).tokens
+                         stop_ids=stop_ids, protection=protection, turn_ends=turn_ends, kv_dtype=kv_dtype).tokens

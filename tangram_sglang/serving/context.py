@@ -76,10 +76,11 @@ class ServingContext:
 def build_context(loaded: LoadedProfile, hf_config, *, stock_tokens: int, dtype: torch.dtype, device,
                   page_size: int, num_q_heads: int, tp_size: int = 1, tp_rank: int = 0,
                   data_plane: str = "torch", chunk: int | None = None,
-                  protection: Protection = Protection()) -> ServingContext:
+                  protection: Protection = Protection(), kv_scales=None) -> ServingContext:
     """Size the ragged pool from the bytes stock SGLang would give its KV cache (one rank's:
     num_q_heads and the KV heads are the rank's share; tensor_parallel.rank_view). Raises
-    ProfileError when the profile was not made for this model."""
+    ProfileError when the profile was not made for this model. dtype: the KV cache's (an FP8
+    type stores pages quantized, with kv_scales: per layer (k_scale, v_scale), default 1.0)."""
     profile = loaded.profile
     profile.check_model(ModelShape.from_hf_config(hf_config))
     view = rank_view(profile, tp_size, tp_rank)
@@ -94,7 +95,7 @@ def build_context(loaded: LoadedProfile, hf_config, *, stock_tokens: int, dtype:
                               head_dim=shape.head_dim, page_size=page_size,
                               dtype=str(dtype).replace("torch.", ""))
     metas = build_layer_metas(entry, num_q_heads=num_q_heads, num_kv_heads=shape.num_kv_heads,
-                              heads_per_group=view.heads_per_group, device=device)
+                              heads_per_group=view.heads_per_group, device=device, kv_scales=kv_scales)
     return ServingContext(path=loaded.path, profile=profile, ratio=loaded.ratio, entry=entry,
                           tp=(tp_size, tp_rank), chunk=chunk or chunk_size_of(profile), protection=protection,
                           scorer=scorer, spec=spec, stock_tokens=int(stock_tokens), full_kv_token_bytes=token_bytes,

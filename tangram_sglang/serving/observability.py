@@ -20,7 +20,7 @@ def pool_info(serving: TangramServing, tree) -> dict:
     return {
         "pages_total": u.total, "pages_used": used, "pages_free": u.free, "pages_reserved": u.reserved,
         "pages_held_by_tree": u.held_by_tree, "page_size": spec.page_size,
-        "page_bytes": spec.page_size_bytes, "pool_bytes": spec.pool_bytes,
+        "page_bytes": spec.page_size_bytes, "pool_bytes": spec.pool_bytes, "kv_dtype": spec.dtype,
         "bytes_held": held_bytes, "tokens_held": held, "full_kv_bytes_for_tokens_held": full_bytes,
         "saved_vs_full_kv": (1.0 - held_bytes / full_bytes) if full_bytes else 0.0,
         "stock_kv_tokens_same_bytes": ctx.stock_tokens, "chunk_tokens": ctx.chunk,

@@ -25,8 +25,9 @@ OPTIONS = [  # (ServerArgs field, unsupported when, why)
     ("enable_session_radix_cache", bool, "session radix cache: replaces the segment radix tree"),
     ("enable_lora", bool, "LoRA: adapters change K/V per request, compressed segments are not keyed by adapter"),
     ("lora_paths", bool, "LoRA: adapters change K/V per request, compressed segments are not keyed by adapter"),
-    ("kv_cache_dtype", lambda v: v not in (None, "auto", "float32", "bfloat16", "float16"),
-     "quantized KV (fp8/fp4): the ragged pool stores K/V in the model dtype"),
+    ("kv_cache_dtype", lambda v: v in ("mxfp8", "nvfp4", "fp4_mx_block16"),
+     "block-scaled KV (mxfp8, FP4): SGLang keeps a scale per block of values in its own pool layout and "
+     "kernels; the ragged pool stores FP8 with one scale per layer: use fp8_e4m3 or fp8_e5m2"),
     ("enable_mixed_chunk", bool, "mixed chunked prefill: decode tokens would ride in an extend batch, outside "
      "the compression chunk schedule"),
     ("enable_two_batch_overlap", bool, "two-batch overlap: splits a batch's forward metadata in two"),

@@ -55,21 +55,34 @@ def build_serving(loaded, configurator, stock_tokens: int):
     """The serving state for the pool sized from stock SGLang's KV cache of stock_tokens tokens."""
     from tangram_sglang.serving.data_plane import choose_data_plane
     from tangram_sglang.serving.runtime import TangramServing
+    from tangram_sglang.sglang.kv_dtype import pool_dtype
     from tangram_sglang.sglang.server_args import served_profile
 
     mc = configurator.model_config
     tp_size, tp_rank = _tensor_parallel(configurator)
     data_plane = choose_data_plane(served_profile(configurator.server_args).data_plane, configurator.device)
     serving = TangramServing.build(loaded, mc.hf_config, stock_tokens=stock_tokens,
-                                   dtype=configurator.kv_cache_dtype, device=configurator.device,
+                                   dtype=pool_dtype(configurator), device=configurator.device,
                                    page_size=PAGE_SIZE, num_q_heads=mc.get_num_attention_heads(tp_size),
-                                   tp_size=tp_size, tp_rank=tp_rank, data_plane=data_plane)
+                                   tp_size=tp_size, tp_rank=tp_rank, data_plane=data_plane,
+                                   kv_scales=kv_scales(configurator.model, mc.num_hidden_layers))
     spec, ctx = serving.spec, serving.context
     rank = f" (TP rank {tp_rank} of {tp_size}: its {ctx.entry.budgets.shape[1]} KV heads)" if tp_size > 1 else ""
     logger.info("Tangram pool%s: %d pages of %d slots (%d B each, %.1f MiB) = the bytes of %d full-KV tokens; "
                 "%d virtual layers; logical token ids: %d", rank, spec.num_pages, spec.page_size, spec.page_size_bytes,
                 spec.pool_bytes / 2**20, stock_tokens, spec.num_virtual, ctx.logical_tokens)
     return serving
+
+
+def kv_scales(model, num_layers: int) -> list[tuple[float, float]]:
+    """Per layer (k_scale, v_scale) of SGLang's attention layers: the checkpoint's KV cache scales
+    where it has them (SGLang loads them into RadixAttention.k_scale_float), 1.0 otherwise."""
+    scales = [(1.0, 1.0)] * num_layers
+    for mod in model.modules() if model is not None else ():
+        layer_id = getattr(mod, "layer_id", None)
+        if isinstance(layer_id, int) and 0 <= layer_id < num_layers and hasattr(mod, "k_scale_float"):
+            scales[layer_id] = (float(mod.k_scale_float or 1.0), float(mod.v_scale_float or 1.0))
+    return scales
 
 
 def logical_sizes(serving, sizes):

@@ -26,6 +26,7 @@ BEAMS = "sglang.srt.beam_search.coordinator.BeamCoordinator"
 METRICS = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter"
 POLICY = "sglang.srt.managers.schedule_policy.SchedulePolicy"
 DECODE_GRAPH = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 
 
 def launcher_hooks() -> list:
@@ -40,10 +41,11 @@ def launcher_hooks() -> list:
 
 def scheduler_hooks(process: TangramProcess) -> list:
     """Hooks for a scheduler process (the model runner lives in it too)."""
-    from tangram_sglang.sglang import scheduling
+    from tangram_sglang.sglang import kv_dtype, scheduling
 
     return [
         (f"{SCHEDULER}.__init__", "BEFORE", process.scheduler_pre_init),             # load the profile
+        (f"{MODEL_RUNNER}.configure_kv_cache_dtype", "AROUND", kv_dtype.configure_kv_cache_dtype),  # FP8 on CPU
         (f"{CONFIGURATOR}._derive_pool_sizes", "AROUND", process.derive_pool_sizes),  # stock bytes -> pages
         (f"{CONFIGURATOR}._build_token_to_kv_pool", "AROUND", process.build_token_to_kv_pool),  # a stub
         (f"{CONFIGURATOR}._build_token_to_kv_pool_allocator", "AROUND", process.build_allocator),

@@ -106,6 +106,46 @@ def test_kvzip_reconstruction_served_equals_the_oracle(tiny_llama, tmp_path):
         assert out == ref, f"{len(prompt)}-token prompt"
 
 
+def test_fp8_pages_serve_the_oracle_tokens(tiny_llama, tmp_path):
+    """--kv-cache-dtype fp8_e4m3 with a compressing profile, on a CPU (where stock SGLang refuses it): the
+    ragged pool holds FP8 pages in the bytes stock SGLang gives its FP8 cache, the server gives the
+    greedy tokens of the dense oracle storing its cache in FP8 (chunks scored unquantized), and a
+    second turn reads its FP8 history from the tree; pool integrity holds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tangram_sglang.oracle.serving_reference import reference_generate
+    from tangram_sglang.profile import load_profile
+    from tangram_sglang.scorers.profile_scorer import profile_scorer
+
+    path, _, _ = tiny_llama
+    profile = _scorer_profile(tmp_path, path, "snapkv")
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (150, 97)]
+    engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=2048,
+                           log_level="error", tangram_profile=profile, kv_cache_dtype="fp8_e4m3")
+    try:
+        outs = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=SAMPLING)]
+        turn2 = [p + o + [5, 6, 7] for p, o in zip(prompts, outs)]
+        second = engine.generate(input_ids=turn2, sampling_params=SAMPLING)  # FP8 history from the tree
+        info = engine.get_server_info()["internal_states"][0]["tangram"]
+    finally:
+        engine.shutdown()
+        atexit.unregister(engine.shutdown)
+    assert all(r["meta_info"]["cached_tokens"] >= len(p) for r, p in zip(second, prompts))
+    assert all(len(r["output_ids"]) == 16 for r in second)
+    pool = info["pool_info"]
+    assert pool["integrity"] == "ok" and pool["saved_vs_full_kv"] > 0 and pool["kv_dtype"] == "float8_e4m3fn"
+    assert pool["page_bytes"] == 2 * 16 * 1 * 16 * 1                                 # K+V, P, H_p, d, 1 byte
+    assert pool["pages_total"] == 2048 * (2 * 2 * 2 * 16 * 1) // pool["page_bytes"]  # stock FP8 bytes
+    prof = load_profile(profile)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for prompt, out in zip(prompts, outs):
+        assert out == reference_generate(model, prof.select(), heads_per_group=1, method=profile_scorer(prof, profile),
+                                         prompt_ids=prompt, max_new_tokens=16, chunk_size=48,
+                                         kv_dtype=torch.float8_e4m3fn)
+
+
 def test_triton_data_plane_serves_the_torch_tokens(tiny_llama, tmp_path, monkeypatch):
     """The whole served path with the Triton kernels (TRITON_INTERPRET=1 on CPU: decode split-map
     kernel reading the device block tables in place, Triton chunk prefill) gives the greedy tokens

@@ -23,12 +23,12 @@ def _lens(batch, num_g, max_len, seed, with_edges=True):
     return lens
 
 
-def _case(shape, page_size, batch, max_len, seed, d=16):
+def _case(shape, page_size, batch, max_len, seed, d=16, **storage):
     h, gqa, hp = shape
     num_g = math.ceil(h / hp)
     lens = _lens(batch, num_g, max_len, seed)
     return make_ragged_cache(lens, num_kv_heads=h, gqa=gqa, heads_per_group=hp, head_dim=d,
-                             page_size=page_size, seed=seed)
+                             page_size=page_size, seed=seed, **storage)
 
 
 def _expected(cache, q, scale):
@@ -102,3 +102,20 @@ def test_batched_gather_gives_the_same_result(monkeypatch):
     got = ragged_decode_torch(q, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens, cache.meta,
                               split, 0.25, tile=4)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("batch,max_len", [(1, 17), (3, 54), (2, 1)])
+@pytest.mark.parametrize("kv_dtype,scales", [(torch.float8_e4m3fn, (0.5, 2.0)), (torch.float8_e5m2, (1.0, 1.0))],
+                         ids=["e4m3", "e5m2"])
+def test_fp8_pages_decode_matches_dense(shape, page_size, batch, max_len, kv_dtype, scales):
+    """Pages hold quantized K/V; the dense twin holds what they decode to (scales applied)."""
+    cache = _case(shape, page_size, batch, max_len, seed=batch * 7 + max_len, kv_dtype=kv_dtype, kv_scales=scales)
+    assert cache.k_pages.dtype == kv_dtype
+    q = torch.randn(batch, shape[0] * shape[1], 16)
+    split = make_split_row([2] * cache.meta.num_groups)
+    for tile in (None, 5):
+        out = ragged_decode_torch(q, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens, cache.meta,
+                                  split, 0.25, tile=tile)
+        torch.testing.assert_close(out, _expected(cache, q, 0.25), atol=3e-5, rtol=1e-4)

@@ -30,14 +30,16 @@ def _dense(cache, q, k, v, cu, scale):
 @pytest.mark.parametrize("chunk_lens,max_len", [([17], 54), ([1, 5, 17], 17), ([3, 1], 1), ([54, 2], 0)])
 @pytest.mark.parametrize("tile", [4, 128])
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
-def test_prefill_matches_dense(shape, page_size, chunk_lens, max_len, tile, fused):
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["model", "fp8_e4m3"])
+def test_prefill_matches_dense(shape, page_size, chunk_lens, max_len, tile, fused, kv_dtype):
     h, gqa, hp = shape
     num_g, batch, d = math.ceil(h / hp), len(chunk_lens), 16
     rng = np.random.default_rng(len(chunk_lens) * 7 + max_len)
     lens = rng.integers(0, max_len + 1, size=(batch, num_g))
     lens.flat[0] = 0
     cache = make_ragged_cache(lens, num_kv_heads=h, gqa=gqa, heads_per_group=hp, head_dim=d,
-                              page_size=page_size, seed=int(lens.sum()))
+                              page_size=page_size, seed=int(lens.sum()), kv_dtype=kv_dtype,
+                              kv_scales=(2.0, 0.5) if kv_dtype else (1.0, 1.0))
     cu = [0, *np.cumsum(chunk_lens).tolist()]
     total = cu[-1]
     q, k, v = torch.randn(total, h * gqa, d), torch.randn(total, h, d), torch.randn(total, h, d)

@@ -28,7 +28,9 @@ def profile(tiny_llama, tmp_path):
     (["--enable-hierarchical-cache"], "--enable-hierarchical-cache: not supported"),
     (["--disaggregation-mode", "prefill"], "--disaggregation-mode prefill"),
     (["--enable-streaming-session"], "--enable-streaming-session"),
-    (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
+    (["--kv-cache-dtype", "nvfp4"], "--kv-cache-dtype nvfp4: not supported with --tangram-profile (block-scaled"),
+    (["--kv-cache-dtype", "fp4_mx_block16"], "--kv-cache-dtype fp4_mx_block16"),
+    (["--kv-cache-dtype", "mxfp8"], "--kv-cache-dtype mxfp8"),
     (["--enable-torch-compile"], "--enable-torch-compile"),
     (["--cuda-graph-backend-decode", "breakable"], "--cuda-graph-backend-decode breakable"),
     (["--cuda-graph-backend-prefill", "full"], "--cuda-graph-backend-prefill full"),
@@ -54,6 +56,13 @@ def test_kvzip_profile_with_tensor_parallelism_is_refused(tiny_llama, tmp_path, 
         prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", str(tmp_path / "k.yaml"),
                              "--tp-size", "2"])
     assert "--tp-size 2: not supported with --tangram-profile (a KVzip profile" in capsys.readouterr().err
+
+
+def test_fp8_kv_is_served_with_a_profile(tiny_llama, profile):
+    for flags in (["--kv-cache-dtype", "fp8_e5m2", "--device", "cpu"], ["--kv-cache-dtype", "fp8_e4m3",
+                                                                        "--device", "cpu"]):
+        args = prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile, *flags])
+        assert args.kv_cache_dtype == flags[1] and args._tangram.path == profile
 
 
 def test_same_options_without_a_profile_are_sglangs_business(tiny_llama):

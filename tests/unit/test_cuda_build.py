@@ -46,13 +46,14 @@ def test_binding_parses_against_torch_headers(tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_decode_matches_reference(dtype):
+@pytest.mark.parametrize("dtype,kv_dtype", [(torch.float32, None), (torch.bfloat16, None),
+                                            (torch.bfloat16, torch.float8_e4m3fn), (torch.float32, torch.float8_e5m2)])
+def test_cuda_decode_matches_reference(dtype, kv_dtype):
     from tangram_sglang.attention.cuda_ext import ragged_decode_cuda
 
     lens = np.array([[54, 0, 3], [1, 17, 9]])
     cache = make_ragged_cache(lens, num_kv_heads=6, gqa=3, heads_per_group=2, head_dim=64, page_size=16,
-                              seed=4, dtype=dtype)
+                              seed=4, dtype=dtype, kv_dtype=kv_dtype, kv_scales=(0.5, 2.0) if kv_dtype else (1.0, 1.0))
     q = torch.randn(2, 18, 64).to(dtype)
     split = make_split_row([7, 1, 60])
     want = ragged_decode_torch(q, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens, cache.meta,

@@ -34,10 +34,15 @@ def _to(cache, device):
     return cache
 
 
+KV_STORAGE = {"model": {}, "fp8_e4m3": {"kv_dtype": torch.float8_e4m3fn, "kv_scales": (0.5, 2.0)},
+              "fp8_e5m2": {"kv_dtype": torch.float8_e5m2}}
+
+
 @pytest.mark.parametrize("h,gqa,hp", [(4, 1, 1), (4, 3, 2), (5, 2, 4), (3, 1, 2)])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("batch,max_len", [(2, 17), (1, 54)])
-def test_triton_decode_matches_reference(h, gqa, hp, page_size, batch, max_len):
+@pytest.mark.parametrize("storage", ["model", "fp8_e4m3"])
+def test_triton_decode_matches_reference(h, gqa, hp, page_size, batch, max_len, storage):
     num_g = math.ceil(h / hp)
     rng = np.random.default_rng(h * 31 + page_size + max_len)
     lens = rng.integers(0, max_len + 1, size=(batch, num_g))
@@ -45,7 +50,7 @@ def test_triton_decode_matches_reference(h, gqa, hp, page_size, batch, max_len):
     if lens.size > 1:
         lens.flat[1] = 1
     cache = make_ragged_cache(lens, num_kv_heads=h, gqa=gqa, heads_per_group=hp, head_dim=16,
-                              page_size=page_size, seed=int(lens.sum()))
+                              page_size=page_size, seed=int(lens.sum()), **KV_STORAGE[storage])
     q = torch.randn(batch, h * gqa, 16)
     split = make_split_row(rng.integers(1, 5, size=num_g))
     want = dense_decode(q, cache.k_full, cache.v_full, cache.keep, 0.25)
@@ -96,4 +101,16 @@ def test_decode_reads_the_batch_rows_of_a_larger_table(impl):
         cache = _to(cache, DEVICE)
         out = ragged_decode_triton(q.to(DEVICE), cache.k_pages, cache.v_pages, full.to(DEVICE), cache.seq_lens,
                                    cache.meta.to(DEVICE), split.to(DEVICE), 0.25, block_n=16, rows=rows.to(DEVICE))
+    torch.testing.assert_close(out.cpu(), want, atol=3e-5, rtol=1e-4)
+
+
+def test_triton_decode_reads_fp8_e5m2_pages():
+    cache = make_ragged_cache(np.array([[0, 1], [33, 9]]), num_kv_heads=4, gqa=2, heads_per_group=2, head_dim=16,
+                              page_size=16, seed=5, **KV_STORAGE["fp8_e5m2"])
+    q = torch.randn(2, 8, 16)
+    split = make_split_row([3, 1])
+    want = dense_decode(q, cache.k_full, cache.v_full, cache.keep, 0.25)
+    cache, meta, split = _to(cache, DEVICE), cache.meta.to(DEVICE), split.to(DEVICE)
+    out = ragged_decode_triton(q.to(DEVICE), cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens,
+                               meta, split, 0.25, block_n=16)
     torch.testing.assert_close(out.cpu(), want, atol=3e-5, rtol=1e-4)

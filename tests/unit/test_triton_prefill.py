@@ -30,7 +30,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("shape,page_size", [((4, 1, 1), 1), ((4, 3, 2), 16), ((5, 2, 4), 1), ((2, 2, 1), 16),
                                               ((3, 1, 2), 4)])  # (H, gqa, H_p)
 @pytest.mark.parametrize("chunk_lens,max_len", [([17], 54), ([1, 5, 17], 17), ([3, 0, 1], 1), ([54, 2], 0)])
-def test_triton_prefill_matches_reference_and_dense(shape, page_size, chunk_lens, max_len):
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["model", "fp8_e4m3"])
+def test_triton_prefill_matches_reference_and_dense(shape, page_size, chunk_lens, max_len, kv_dtype):
     h, gqa, hp = shape
     num_g, batch, d = math.ceil(h / hp), len(chunk_lens), 16
     rng = np.random.default_rng(len(chunk_lens) * 7 + max_len + page_size)
@@ -39,7 +40,8 @@ def test_triton_prefill_matches_reference_and_dense(shape, page_size, chunk_lens
     if lens.size > 1:
         lens.flat[1] = min(1, max_len)
     cache = make_ragged_cache(lens, num_kv_heads=h, gqa=gqa, heads_per_group=hp, head_dim=d,
-                              page_size=page_size, seed=int(lens.sum()))
+                              page_size=page_size, seed=int(lens.sum()), kv_dtype=kv_dtype,
+                              kv_scales=(2.0, 0.5) if kv_dtype else (1.0, 1.0))
     cu = torch.tensor([0, *np.cumsum(chunk_lens).tolist()], dtype=torch.int32)
     total = int(cu[-1])
     q, k = torch.randn(total, h * gqa, d), torch.randn(total, h, d)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from tangram_sglang.attention.kv_quant import dequantize
 from tangram_sglang.attention.layer_meta import LayerMeta
 from tangram_sglang.attention.merge import merge_two
 from tangram_sglang.attention.pieces import tile_pieces
@@ -37,7 +38,7 @@ def sink_keys(k_pages: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.
     g, p = meta.group_of_head, meta.slot_of_head  # [H]
     valid = j[None, :] < seq_lens[b, g].to(torch.int64)[:, None]  # [H, S]
     pages = block_table[b, g][:, (j // page_size)].to(torch.int64)  # [H, S]
-    keys = k_pages[pages.clamp(min=0), (j % page_size)[None, :], p[:, None]]  # [H, S, d]
+    keys = dequantize(k_pages[pages.clamp(min=0), (j % page_size)[None, :], p[:, None]], meta.k_scale)  # [H, S, d]
     return keys, valid
 
 
