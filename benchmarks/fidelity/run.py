@@ -76,8 +76,9 @@ def parse(argv=None):
                     "this older code version per setting and ratio; if every answer is identical, its rows "
                     "count for the current version (recorded in fidelity_versions.json)")
     ap.add_argument("--carry-check", type=int, default=6)
-    ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3", "fp8_e5m2"), default="auto",
-                    help="store KV in this type (settings are then recorded as setting+TYPE; kvpress is skipped)")
+    ap.add_argument("--kv-cache-dtype", nargs="+", choices=("auto", "fp8_e4m3", "fp8_e5m2"), default=["auto"],
+                    help="store KV in these types (an FP8 type records the settings as setting+TYPE; kvpress and "
+                    "full KV run with auto only)")
     args = ap.parse_args(argv)
     args.protect = tuple(int(x) for x in args.protect.split(","))
     if args.protect != DEFAULT_PROTECT:
@@ -95,8 +96,9 @@ def parse(argv=None):
         renamed = [s + tag if s not in ("full", *KVPRESS) else s for s in args.settings]
         RUNNERS.update({n: RUNNERS[s] for s, n in zip(args.settings, renamed)})
         args.settings = renamed
-    if args.kv_cache_dtype != "auto":
-        tagged = [s + "+" + args.kv_cache_dtype for s in args.settings if s not in KVPRESS]
+    if args.kv_cache_dtype != ["auto"]:
+        tagged = [s if kv == "auto" else s + "+" + kv for kv in args.kv_cache_dtype for s in args.settings
+                  if kv == "auto" or s not in (*KVPRESS, "full")]
         RUNNERS.update({n: RUNNERS[base_setting(n)] for n in tagged})
         args.settings = tagged
     if args.quick:

@@ -175,9 +175,16 @@ def log_findings(path: str) -> dict:
     return dict(retract_lines=len(retract), retract=retract[-5:], notable=hits[-20:])
 
 
+KV_BYTES = {"auto": 4, "fp8_e4m3": 1, "fp8_e5m2": 1}  # per value: the CPU servers' float32 KV, or FP8
+
+
 def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: float | None,
-             total_tokens: int) -> dict:
-    extra = ["--max-total-tokens", str(total_tokens)]
+             total_tokens: int, kv_dtype: str = "auto") -> dict:
+    """One server's run. total_tokens: full-KV tokens of the pool bytes at float32; with an FP8 kv_dtype
+    the server gets the tokens those bytes hold at one byte a value (the same bytes)."""
+    group = total_tokens
+    total_tokens = total_tokens * KV_BYTES["auto"] // KV_BYTES[kv_dtype]
+    extra = ["--max-total-tokens", str(total_tokens)] + (["--kv-cache-dtype", kv_dtype] if kv_dtype != "auto" else [])
     profile = None
     if ratio is not None:
         profile = os.path.join(ROOT, args.profile)
@@ -200,7 +207,7 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
     counters = st.get("batch_counters", {})
     tangram = st.get("tangram") or {}
     pool = tangram.get("pool_info")
-    out = dict(mode=name, ratio=ratio, max_total_tokens=total_tokens,
+    out = dict(mode=name, ratio=ratio, max_total_tokens=total_tokens, bytes_of_tokens=group, kv_cache_dtype=kv_dtype,
                server_max_total_num_tokens=served_T, batch_counters=counters,
                peak_running=counters.get("peak_running"),
                peak_running_polled=max((s.get("running") or 0 for s in run["samples"]), default=None),
@@ -215,6 +222,39 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
         + (f", pages peak {pool['peak_pages_used']}/{pool['pages_total']}, integrity {pool['integrity']}"
            if pool else ""))
     return out
+
+
+def launch_refused(name: str, model_path: str, port: int, args, wl: Workload, ratio, total: int, kv_dtype: str):
+    """run_mode, or None with the reason logged when the server does not start (stock SGLang 0.5.23
+    refuses FP8 KV on a CPU without Intel AMX)."""
+    try:
+        return run_mode(name, model_path, port, args, wl, ratio, total, kv_dtype)
+    except (RuntimeError, TimeoutError, OSError, SystemExit) as exc:
+        log(f"[{name}] did not start: {str(exc)[-300:]}")
+        return None
+
+
+def summary(modes: list[dict]) -> list[str]:
+    """Per mode and pool bytes over the repeats: turns/s and peak sessions, median [min, max], against the
+    stock float32 server of the same bytes in the same repeat."""
+    import statistics
+
+    stock = {(m["bytes_of_tokens"], m.get("repeat", 0)): m for m in modes
+             if m["ratio"] is None and m.get("kv_cache_dtype", "auto") == "auto"}
+    rows: dict = {}
+    for m in modes:
+        ref = stock.get((m["bytes_of_tokens"], m.get("repeat", 0)))
+        r = rows.setdefault((m["mode"], m["bytes_of_tokens"]), {"tps": [], "vs": [], "peak": []})
+        r["tps"].append(turns_per_s(m))
+        r["peak"].append(m["peak_running"] or 0)
+        if ref:
+            r["vs"].append(turns_per_s(m) / turns_per_s(ref))
+    med = lambda xs: f"{statistics.median(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}]" if xs else "-"  # noqa: E731
+    lines = ["| mode | bytes of T float32 tokens | runs | turns / s, median [min, max] | vs stock float32 | "
+             "peak concurrent sessions |", "|---|---|---|---|---|---|"]
+    for (mode, group), r in rows.items():
+        lines.append(f"| {mode} | {group} | {len(r['tps'])} | {med(r['tps'])} | {med(r['vs'])} | {med(r['peak'])} |")
+    return lines
 
 
 def full_kv_token_bytes(model_path: str, dtype_bytes: int = 4) -> int:
@@ -249,9 +289,10 @@ def fmt_md(res: dict) -> str:
              "| mode | T | pool MiB | peak concurrent sessions | vs stock | pool pages used peak | "
              "saved vs full KV (end) | turn-2+ reuse | wall s | wall vs stock | turns / s | turns / s vs stock |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    stocks = {m["max_total_tokens"]: m for m in res["modes"] if m["ratio"] is None}
+    stocks = {(m.get("bytes_of_tokens", m["max_total_tokens"]), m.get("repeat", 0)): m for m in res["modes"]
+              if m["ratio"] is None and m.get("kv_cache_dtype", "auto") == "auto"}
     for m in res["modes"]:
-        stock = stocks[m["max_total_tokens"]]
+        stock = stocks[(m.get("bytes_of_tokens", m["max_total_tokens"]), m.get("repeat", 0))]
         pool = m.get("pool_info")
         pages = f"{pool['peak_pages_used']} / {pool['pages_total']}" if pool else "-"
         saved = f"{100 * pool['saved_vs_full_kv']:.1f}%" if pool else "-"
@@ -261,6 +302,9 @@ def fmt_md(res: dict) -> str:
                      f"{100 * hit / max(1, total):.0f}% | {m['wall_s']:.1f} | "
                      f"{m['wall_s'] / stock['wall_s']:.2f} | {turns_per_s(m):.3f} | "
                      f"{turns_per_s(m) / turns_per_s(stock):.2f}x |")
+    lines += ["", "Over the repeats (alternating servers):", "", *summary(res["modes"])]
+    if res.get("refused"):
+        lines += ["", "Did not start: " + "; ".join(res["refused"])]
     lines += ["", "Peak concurrent sessions = `batch_counters.peak_running` from `/server_info` after the run: the "
               "most requests ever in one decode batch. Pool MiB: stock = T x full-KV bytes per token; Tangram = "
               "`pool_info.pool_bytes` (the ragged pool sized from the same bytes). Saved vs full KV: "
@@ -302,6 +346,9 @@ def main(argv=None) -> int:
     ap.add_argument("--poll", type=float, default=2.0, help="seconds between /server_info samples (0: none)")
     ap.add_argument("--no-stock", action="store_true", help="skip the stock server (debugging only)")
     ap.add_argument("--out", default=result_path("serving", "concurrency.json"))
+    ap.add_argument("--kv-cache-dtype", nargs="+", default=["auto"], choices=sorted(KV_BYTES),
+                    help="KV types to serve at the same bytes (FP8 servers get 4x the float32 tokens)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of every server, alternating")
     args = ap.parse_args(argv)
     run_stamp = stamp(argv)
     model_path = ensure_model(args.model)
@@ -313,18 +360,25 @@ def main(argv=None) -> int:
     from tangram_sglang.profile import load_profile
 
     method = load_profile(args.profile).calibration.method
-    modes = []
-    for total in args.max_total_tokens:
-        if not args.no_stock:
-            m = run_mode("stock", model_path, args.stock_port, args, wl, None, total)
-            m["pool_bytes"] = total * full_kv_token_bytes(model_path)
-            modes.append(m)
-        for ratio in args.ratios:
-            modes.append(run_mode(f"tangram-{method}@{ratio}", model_path, args.tangram_port, args, wl, ratio,
-                                  total))
+    modes, refused = [], []
+    for repeat in range(args.repeats):
+        for total in args.max_total_tokens:
+            for kv in args.kv_cache_dtype:
+                tag = "" if kv == "auto" else f"+{kv}"
+                runs = [] if args.no_stock else [(f"stock{tag}", args.stock_port, None)]
+                runs += [(f"tangram-{method}@{ratio}{tag}", args.tangram_port, ratio) for ratio in args.ratios]
+                for name, port, ratio in runs:
+                    m = launch_refused(name, model_path, port, args, wl, ratio, total, kv)
+                    if m is None:
+                        refused.append(f"{name} (T={total})")
+                        continue
+                    m["repeat"] = repeat
+                    if ratio is None:
+                        m["pool_bytes"] = total * full_kv_token_bytes(model_path)
+                    modes.append(m)
 
     res = dict(args=vars(args), model_path=model_path, full_kv_token_bytes=full_kv_token_bytes(model_path),
-               total_s=round(time.perf_counter() - t_all, 1), modes=modes)
+               total_s=round(time.perf_counter() - t_all, 1), modes=modes, refused=sorted(set(refused)))
     problems = []
     for m in modes:
         problems += [f"{m['mode']}: {e}" for e in m["errors"]]
@@ -337,9 +391,9 @@ def main(argv=None) -> int:
         if not m["memory_bound"]:
             log(f"WARNING {m['mode']}: peak {m['peak_running']} = all {args.sessions} sessions: the pool did not "
                 "bind, so this is only a lower bound (run with more --sessions)")
-    stocks = {m["max_total_tokens"]: m for m in modes if m["ratio"] is None}
+    stocks = {(m["bytes_of_tokens"], m["repeat"]): m for m in modes if m["ratio"] is None and m["kv_cache_dtype"] == "auto"}
     for m in modes:
-        stock = stocks.get(m["max_total_tokens"])
+        stock = stocks.get((m["bytes_of_tokens"], m["repeat"]))
         if m["ratio"] is not None and stock and stock["peak_running"]:
             log(f"T={m['max_total_tokens']} {m['mode']}: {m['peak_running']} concurrent sessions vs stock "
                 f"{stock['peak_running']}, turns/s {turns_per_s(m) / turns_per_s(stock):.2f}x stock")
