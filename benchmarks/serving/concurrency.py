@@ -175,7 +175,7 @@ def log_findings(path: str) -> dict:
     return dict(retract_lines=len(retract), retract=retract[-5:], notable=hits[-20:])
 
 
-KV_BYTES = {"auto": 4, "fp8_e4m3": 1, "fp8_e5m2": 1}  # per value: the CPU servers' float32 KV, or FP8
+KV_BYTES = {"fp8_e4m3": 1, "fp8_e5m2": 1}  # per value; "auto": --model-kv-bytes (the model's KV type)
 
 
 def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: float | None,
@@ -183,7 +183,7 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
     """One server's run. total_tokens: full-KV tokens of the pool bytes at float32; with an FP8 kv_dtype
     the server gets the tokens those bytes hold at one byte a value (the same bytes)."""
     group = total_tokens
-    total_tokens = total_tokens * KV_BYTES["auto"] // KV_BYTES[kv_dtype]
+    total_tokens = total_tokens * args.model_kv_bytes // KV_BYTES.get(kv_dtype, args.model_kv_bytes)
     extra = ["--max-total-tokens", str(total_tokens)] + (["--kv-cache-dtype", kv_dtype] if kv_dtype != "auto" else [])
     profile = None
     if ratio is not None:
@@ -236,7 +236,7 @@ def launch_refused(name: str, model_path: str, port: int, args, wl: Workload, ra
 
 def summary(modes: list[dict]) -> list[str]:
     """Per mode and pool bytes over the repeats: turns/s and peak sessions, median [min, max], against the
-    stock float32 server of the same bytes in the same repeat."""
+    stock server (model KV type) of the same bytes in the same repeat."""
     import statistics
 
     stock = {(m["bytes_of_tokens"], m.get("repeat", 0)): m for m in modes
@@ -250,7 +250,7 @@ def summary(modes: list[dict]) -> list[str]:
         if ref:
             r["vs"].append(turns_per_s(m) / turns_per_s(ref))
     med = lambda xs: f"{statistics.median(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}]" if xs else "-"  # noqa: E731
-    lines = ["| mode | bytes of T float32 tokens | runs | turns / s, median [min, max] | vs stock float32 | "
+    lines = ["| mode | bytes of T model-type tokens | runs | turns / s, median [min, max] | vs stock | "
              "peak concurrent sessions |", "|---|---|---|---|---|---|"]
     for (mode, group), r in rows.items():
         lines.append(f"| {mode} | {group} | {len(r['tps'])} | {med(r['tps'])} | {med(r['vs'])} | {med(r['peak'])} |")
@@ -346,8 +346,10 @@ def main(argv=None) -> int:
     ap.add_argument("--poll", type=float, default=2.0, help="seconds between /server_info samples (0: none)")
     ap.add_argument("--no-stock", action="store_true", help="skip the stock server (debugging only)")
     ap.add_argument("--out", default=result_path("serving", "concurrency.json"))
-    ap.add_argument("--kv-cache-dtype", nargs="+", default=["auto"], choices=sorted(KV_BYTES),
-                    help="KV types to serve at the same bytes (FP8 servers get 4x the float32 tokens)")
+    ap.add_argument("--kv-cache-dtype", nargs="+", default=["auto"], choices=["auto", *sorted(KV_BYTES)],
+                    help="KV types to serve at the same bytes (an FP8 server gets model-kv-bytes x the tokens)")
+    ap.add_argument("--model-kv-bytes", type=int, default=4, help="bytes per KV value of the model's type "
+                    "(4: float32 on CPU; 2: bfloat16 on a GPU)")
     ap.add_argument("--repeats", type=int, default=1, help="runs of every server, alternating")
     args = ap.parse_args(argv)
     run_stamp = stamp(argv)
