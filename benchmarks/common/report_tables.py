@@ -91,6 +91,12 @@ def answered(row: dict, interval: bool = True) -> str:
 
 
 def setting_label(setting: str) -> str:
+    stored = setting.rpartition("+")[2] if "+" in setting else None  # --kv-cache-dtype tag
+    label = _label(setting.split("+")[0])
+    return f"{label}, {stored.replace('_', ' ').upper().replace(' ', '-')} KV" if stored else label
+
+
+def _label(setting: str) -> str:
     base = setting.split("[")[0]
     names = {"full": "full KV (stock SGLang)", "tangram": "Tangram, served", "static": "oracle, static budgets",
              "static~position": "oracle, chunks by position", "dynamic": "dynamic method",
@@ -392,6 +398,8 @@ DOC_BLOCKS = {
                                                            {"tangram", "dynamic"}),
     "fidelity-smollm2-snapkv": lambda: fidelity_table("fidelity/fidelity.json", NOT_FULL_OR_KVZIP),
     "fidelity-qwen-fastkvzip": lambda: fidelity_table("fidelity/fidelity_qwen_fastkvzip.json"),
+    "fidelity-smollm2-fp8": lambda: fidelity_table("fidelity/fidelity_fp8.json"),
+    "fidelity-qwen-fp8": lambda: fidelity_table("fidelity/fidelity_qwen_fp8.json"),
     "fidelity-qwen-kvzip": lambda: fidelity_table("fidelity/fidelity_qwen_kvzip.json", {"tangram"}),
     "fidelity-qwen-snapkv": lambda: fidelity_table("fidelity/fidelity_qwen.json", NOT_FULL_OR_KVZIP),
     "fidelity-position": lambda: fidelity_table("fidelity/fidelity_position.json", {"static~position"}),
