@@ -49,6 +49,13 @@ PROFILE_DIR = os.path.join(ROOT, "benchmarks", "profiles")
 EXPORTS = [("snapkv", "llama-3.1-8b-instruct", 32, 2), ("fastkvzip", "qwen3-4b-instruct-2507", 32, 2)]
 
 
+# page storage: the model dtype, or FP8 (kv_quant.py) with per-layer scales the kernels must apply
+KV_PAGES = {"model": {}, "fp8_e4m3": {"kv_dtype": torch.float8_e4m3fn, "kv_scales": (0.5, 2.0)},
+            "fp8_e5m2": {"kv_dtype": torch.float8_e5m2}}
+STORAGES = [(torch.float32, "model"), (torch.bfloat16, "model"), (torch.bfloat16, "fp8_e4m3"),
+            (torch.bfloat16, "fp8_e5m2")]
+
+
 def kernels():
     from tangram_sglang.attention.cuda_ext import ragged_decode_cuda
     from tangram_sglang.attention.triton_decode import ragged_decode_triton
@@ -59,12 +66,12 @@ def kernels():
 def check(dev: str) -> list[dict]:
     """Max abs error of each kernel vs the torch reference on small ragged caches."""
     rows, rng = [], np.random.default_rng(0)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype, kv in STORAGES:
         for h, gqa, hp, page in [(4, 1, 1, 1), (6, 4, 2, 16), (5, 3, 4, 16), (8, 4, 4, 1)]:
             lens = rng.integers(0, 300, size=(3, math.ceil(h / hp)))
             lens.flat[0], lens.flat[1] = 0, 1
             c = make_ragged_cache(lens, num_kv_heads=h, gqa=gqa, heads_per_group=hp, head_dim=128,
-                                  page_size=page, seed=int(lens.sum()), dtype=dtype)
+                                  page_size=page, seed=int(lens.sum()), dtype=dtype, **KV_PAGES[kv])
             q = torch.randn(3, h * gqa, 128).to(dtype)
             split = make_split_row(rng.integers(1, 9, size=lens.shape[1]))
             args = [t.to(dev) for t in (q, c.k_pages, c.v_pages, c.block_table, c.seq_lens)]
@@ -72,9 +79,9 @@ def check(dev: str) -> list[dict]:
             for name, fn in kernels().items():
                 err = (fn(*args, c.meta.to(dev), split.to(dev), 0.088).float() - ref).abs().max().item()
                 tol = 1e-4 if dtype == torch.float32 else 3e-2
-                rows.append({"kernel": name, "dtype": str(dtype).split(".")[-1], "H": h, "gqa": gqa, "H_p": hp,
-                             "page": page, "max_abs_err": err, "ok": err <= tol})
-            rows += served_path_checks(c, q, split, dtype, dev, (h, gqa, hp, page))
+                rows.append({"kernel": name, "dtype": str(dtype).split(".")[-1], "kv": kv, "H": h, "gqa": gqa,
+                             "H_p": hp, "page": page, "max_abs_err": err, "ok": err <= tol})
+            rows += [dict(r, kv=kv) for r in served_path_checks(c, q, split, dtype, dev, (h, gqa, hp, page))]
     return rows
 
 
@@ -195,7 +202,8 @@ def served_graph_check(dev: str, bucket: int = 8, graph_cls=CudaGraph, kernel: s
 class Workload:
     """One exported profile on the device: per-layer metas, lengths, split rows, one shared pool."""
 
-    def __init__(self, spec: dict, batch: int, ctx: int, page: int, dtype, dev: str, capacity: int):
+    def __init__(self, spec: dict, batch: int, ctx: int, page: int, dtype, dev: str, capacity: int,
+                 kv: str = "model"):
         self.spec, self.batch, self.ctx = spec, batch, ctx
         budgets = np.asarray(spec["budgets"])
         self.beta = group_budgets(budgets, spec["groups"])
@@ -209,8 +217,9 @@ class Workload:
         pages_per = -(-int(max(t.max() for t in self.lens)) // page)
         num_pages = batch * num_g * pages_per
         self.table = torch.randperm(num_pages, device=dev).to(torch.int32).view(batch, num_g, pages_per)
-        self.k_pages = torch.randn(num_pages, page, hp, d, device=dev, dtype=dtype)
-        self.v_pages = torch.randn_like(self.k_pages)
+        page_dtype = KV_PAGES[kv].get("kv_dtype", dtype)
+        self.k_pages = torch.randn(num_pages, page, hp, d, device=dev, dtype=dtype).to(page_dtype)
+        self.v_pages = torch.randn(num_pages, page, hp, d, device=dev, dtype=dtype).to(page_dtype)
         self.q = torch.randn(batch, spec["num_q_heads"], d, device=dev, dtype=dtype)
         self.scale = 1.0 / math.sqrt(d)
         u = fa2_num_splits(batch * num_g, capacity, -(-ctx // 256))
@@ -292,14 +301,14 @@ def time_workloads(args, dev: str, capacity: int) -> list[dict]:
     rows, kern = [], kernels()
     for path in args.workload or sorted(glob.glob(os.path.join(PROFILE_DIR, "*.json"))):
         spec = json.load(open(path))
-        for batch in args.batch:
-            w = Workload(spec, batch, args.context, args.page_size, getattr(torch, args.dtype), dev, capacity)
-            row = {"workload": os.path.basename(path), "batch": batch, "context": args.context,
+        for batch, kv in [(b, kv) for b in args.batch for kv in args.kv]:
+            w = Workload(spec, batch, args.context, args.page_size, getattr(torch, args.dtype), dev, capacity, kv)
+            row = {"workload": os.path.basename(path), "batch": batch, "context": args.context, "kv": kv,
                    "uniform_splits": w.uniform_splits, "aot_ctas_per_req": int(w.split_map.sum(1).mean())}
             for name, fn in kern.items():
                 for strat, splits in w.splits.items():
                     row[f"{name}_{strat}_ms"] = graph_ms(lambda: w.step(fn, splits))
-            row["flashinfer"] = flashinfer_ms(w)
+            row["flashinfer"] = flashinfer_ms(w) if kv == "model" else None
             rows.append(row)
             print(json.dumps(row), flush=True)
             del w
@@ -332,16 +341,18 @@ def export() -> None:
 
 def markdown(capacity: int, checks: list[dict], rows: list[dict]) -> list[str]:
     ok = all(c["ok"] for c in checks)
-    worst = {k: max(c["max_abs_err"] for c in checks if c["kernel"] == k) for k in dict.fromkeys(c["kernel"] for c in checks)}
+    key = lambda c: f"{c['kernel']} ({c.get('kv', 'model')} pages)"  # noqa: E731
+    worst = {k: max(c["max_abs_err"] for c in checks if key(c) == k) for k in dict.fromkeys(map(key, checks))}
     lines = [f"N_CTA (split map) = {capacity}. Kernel check vs torch reference: {'all pass' if ok else 'FAILURES'} "
              f"(worst abs err: {', '.join(f'{k} {v:.2e}' for k, v in worst.items())}).", "",
              "Times: one decode step over all layers, ms. Kernel columns: CUDA-graph replay (device time). "
              "FlashInfer: plan() per layer per step + run(), wall time; run-only estimate from a graph replay.", "",
-             "| workload | B | N | U | triton uniform | triton AOT | cuda uniform | cuda AOT | FI plan+run | FI run only |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| workload | B | N | KV pages | U | triton uniform | triton AOT | cuda uniform | cuda AOT "
+             "| FI plan+run | FI run only |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         fi = r["flashinfer"] or {}
-        lines.append(f"| {r['workload']} | {r['batch']} | {r['context']} | {r['uniform_splits']} "
+        lines.append(f"| {r['workload']} | {r['batch']} | {r['context']} | {r.get('kv', 'model')} | {r['uniform_splits']} "
                      f"| {r['triton_uniform_ms']:.3f} | {r['triton_aot_ms']:.3f} | {r['cuda_uniform_ms']:.3f} "
                      f"| {r['cuda_aot_ms']:.3f} | {fi.get('plan_and_run_ms', float('nan')):.3f} "
                      f"| {fi.get('run_only_ms_est', float('nan')):.3f} |")
@@ -356,6 +367,8 @@ def main(argv=None) -> None:
     ap.add_argument("--context", type=int, default=16384)
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--kv", nargs="+", default=["model", "fp8_e4m3"], choices=sorted(KV_PAGES),
+                    help="page storage to time: the model dtype and/or FP8")
     ap.add_argument("--blocks-per-sm", type=int, default=1, help="N_CTA = SMs x this")
     ap.add_argument("--out-dir", default=os.path.join(RESULTS, "timing"))
     args = ap.parse_args(argv)
