@@ -307,7 +307,7 @@ def time_workloads(args, dev: str, capacity: int) -> list[dict]:
                    "uniform_splits": w.uniform_splits, "aot_ctas_per_req": int(w.split_map.sum(1).mean())}
             for name, fn in kern.items():
                 for strat, splits in w.splits.items():
-                    row[f"{name}_{strat}_ms"] = graph_ms(lambda: w.step(fn, splits))
+                    row[f"{name}_{strat}_ms"] = graph_ms(lambda w=w, fn=fn, splits=splits: w.step(fn, splits))
             row["flashinfer"] = flashinfer_ms(w) if kv == "model" else None
             rows.append(row)
             print(json.dumps(row), flush=True)
