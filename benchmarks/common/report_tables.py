@@ -275,6 +275,44 @@ def cpu_decode_table() -> list[str]:
     return table(["batch x context", "profile", "KV read", "torch_native ms", "Tangram ms", "speed-up"], rows)
 
 
+def kv_read_bytes(workload: str, batch: int, ctx: int, elem: int) -> int:
+    """Bytes of K and V one decode step reads over all layers: each head of a group reads its group's
+    ceil(beta_g * N) slots (beta_g: the group's largest head budget), as gpu_decode's Workload lays them out."""
+    spec = json.loads((REPO / "benchmarks" / "profiles" / workload).read_text())
+    slots = sum(len(g) * min(ctx, math.ceil(max(spec["budgets"][layer][h] for h in g) * ctx - 1e-9))
+                for layer, groups in enumerate(spec["groups"]) for g in groups)
+    return batch * slots * spec["head_dim"] * 2 * elem
+
+
+def gpu_decode_table() -> list[str]:
+    data = load("timing/gpu_decode_nvidia-h200.json")
+    rows = []
+    for r in data["rows"]:
+        gb = kv_read_bytes(r["workload"], r["batch"], r["context"], 1 if r["kv"].startswith("fp8") else 2) / 1e9
+        rows.append([r["workload"].removesuffix(".json"), r["batch"], f"{r['context']:,}",
+                     "bf16" if r["kv"] == "model" else r["kv"], r["uniform_splits"], f"{r['triton_uniform_ms']:.2f}",
+                     f"{r['triton_aot_ms']:.2f}", times(r["triton_uniform_ms"] / r["triton_aot_ms"]),
+                     f"{r['cuda_aot_ms']:.1f}", f"{gb:.2f}", f"{gb / r['triton_aot_ms']:.2f}"])
+    return table(["workload (0.25 kept)", "B", "N", "pages", "uniform splits", "Triton uniform ms",
+                  "Triton split map ms", "split map gain", "CUDA split map ms", "KV read GB",
+                  "Triton split map TB/s"], rows)
+
+
+def triton_launch_table() -> list[str]:
+    rows = [r for r in load("timing/triton_tune_nvidia-h200.json")["rows"] if "error" not in r]
+    keys = [k for k in rows[0] if k.count("/") == 2]
+    default = next(r for r in rows if r["default"])
+    out = []
+    for k in keys:
+        best = min(rows, key=lambda r: r[k])
+        name, batch, kv = k.split("/")
+        out.append([name, batch, "bf16" if kv == "model" else kv, f"{default[k]:.2f}",
+                    f"{best[k]:.2f} (BLOCK_N {best['block_n']}, {best['num_warps']} warps, {best['num_stages']} stages)",
+                    times(default[k] / best[k])])
+    return table(["workload", "B", "pages", "served launch ms (BLOCK_N 32, 4 warps, 3 stages)",
+                  f"best of {len(rows)} launches, ms", "served / best"], out)
+
+
 def control_plane_table() -> list[str]:
     rows = [[r["L"], r["G"], f"{r['tangram'][0]:,.0f}", f"{r['compress_reclaim'][0]:,.0f}",
              f"{r['sglang_paged'][0]:,.0f}"] for r in load("timing/control_plane.json")["rows"]]
@@ -413,6 +451,8 @@ DOC_BLOCKS = {
     "prefill-cost": prefill_table,
     "decode-step": decode_step_table,
     "cpu-decode": cpu_decode_table,
+    "gpu-decode": gpu_decode_table,
+    "triton-launch": triton_launch_table,
     "control-plane": control_plane_table,
     "control-plane-decode": control_decode_table,
     "load-balance": load_balance_table,
@@ -542,6 +582,16 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                        for r in load("timing/cpu_decode.json")["rows"]
                        if (r["method"], r["ratio"]) == ("snapkv", 0.25)),
                    None),
+    "gpu_decode_nvidia-h200": ("Decode attention kernels on an NVIDIA H200: checks against the torch reference, then one "
+                               "step of all layers with uniform splits and with the split map",
+                               lambda: "split map at B = 16: " + ", ".join(
+                                   f"{times(r['triton_uniform_ms'] / r['triton_aot_ms'])} faster "
+                                   f"({r['workload'].split('-')[0]}, {r['kv']} pages)"
+                                   for r in load("timing/gpu_decode_nvidia-h200.json")["rows"] if r["batch"] == 16),
+                               None),
+    "triton_tune_nvidia-h200": ("Launch options of the Triton decode kernel on an NVIDIA H200 (BLOCK_N, warps, stages)",
+                                lambda: "served launch / best launch: " + ", ".join(
+                                    row.rsplit("|", 2)[-2].strip() for row in triton_launch_table()[2:]), None),
     "control_plane": ("Host time of admission and allocation per request as layers x groups grow",
                       control_plane_headline, None),
     "control_plane_decode": ("Host time per decode step (batch 64, 32 layers x 4 groups) against SGLang's",
@@ -577,8 +627,11 @@ def clean_command(cmd: str, kind: str) -> str:
     """A recorded command as it runs today: repository-relative paths, the project's python, a script of
     the flat benchmarks/ folder as its module (``-m benchmarks.KIND.NAME``), a results path in its kind's
     folder."""
-    words = []
+    words, skip = [], False
     for w in cmd.split():
+        if skip or w == "--out-dir":  # a device run's output folder: the default path locally
+            skip = not skip
+            continue
         for root in ("benchmarks/", "configs/"):
             if w.startswith("/") and root in w:
                 w = w[w.index(root):]
@@ -589,7 +642,7 @@ def clean_command(cmd: str, kind: str) -> str:
         name = w[len("benchmarks/results/"):] if w.startswith("benchmarks/results/") else ""
         if name and "/" not in name:
             w = f"benchmarks/results/{kind}/{name}"
-        words.append(".venv/bin/python" if w == "python" else w)
+        words.append(".venv/bin/python" if w.rsplit("/", 1)[-1] in ("python", "python3") else w)
     if "-m" in words:
         i = words.index("-m")
         if i == 0 or not words[i - 1].endswith("python"):
