@@ -170,6 +170,52 @@ def throughput_table(name: str) -> list[str]:
                   "pool saved (end)"], rows)
 
 
+def mode_label(mode: dict) -> str:
+    """'stock SGLang' or 'Tangram, <scorer> <ratio>' for one server of a concurrency run."""
+    if mode["ratio"] is None:
+        return "stock SGLang"
+    return f"Tangram, {scorer_name(mode['mode'].split('@')[0].removeprefix('tangram-'))} {mode['ratio']:g}"
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def median_range(xs: list[float], fmt: str = "{:.3f}") -> str:
+    """'median (min-max)' of repeated runs; the median alone for one run."""
+    return fmt.format(median(xs)) + (f" ({fmt.format(min(xs))}-{fmt.format(max(xs))})" if len(xs) > 1 else "")
+
+
+def fp8_throughput_table(name: str = "serving/concurrency_fp8.json") -> list[str]:
+    """Each server of one run over its repeats (alternating): turns/s and sessions held, median (range),
+    turns/s against stock's in the same repeat; servers that did not start, named."""
+    data = load(name)
+    modes = data["modes"]
+    stock = {m["repeat"]: m for m in modes if m["ratio"] is None and m["kv_cache_dtype"] == "auto"}
+    by_mode: dict[str, list[dict]] = {}
+    for m in modes:
+        by_mode.setdefault(m["mode"], []).append(m)
+    rows = []
+    for mode, runs in by_mode.items():
+        kv = "float32" if runs[0]["kv_cache_dtype"] == "auto" else runs[0]["kv_cache_dtype"]
+        held = [r["peak_running"] for r in runs]
+        is_stock = runs[0]["ratio"] is None and kv == "float32"
+        rows.append([mode_label(runs[0]), kv, f"{runs[0]['pool_bytes'] / 2**20:.0f}", len(runs),
+                     median_range([turns_per_s(r) for r in runs]),
+                     "1.00x" if is_stock else
+                     median_range([turns_per_s(r) / turns_per_s(stock[r["repeat"]]) for r in runs], "{:.2f}x"),
+                     median_range(held, "{:.0f}") + ("" if max(held) < data["args"]["sessions"] else " (all: not bound)"),
+                     pct(median([r["pool_info"]["saved_vs_full_kv"] for r in runs]))
+                     if "pool_info" in runs[0] else "-"])
+    rows += [["stock SGLang" if r.startswith("stock") else r.split(" ")[0],
+              r.split(" ")[0].split("+")[1] if "+" in r else "float32", "-", 0,
+              "did not start (no Intel AMX: SGLang refuses FP8 KV on this CPU)", "-", "-", "-"]
+             for r in data.get("refused", [])]
+    return table(["server", "KV pages", "KV MiB", "runs", "turns/s, median (range)", "vs stock, same run",
+                  "sessions held at once", "pool saved (end)"], rows)
+
+
 def throughput_cell(name: str) -> tuple[str, str, str, str]:
     """(pool sizes, Tangram's cell, stock's cell, the profile's label) of one multi-turn run."""
     ps = pairs(name)
@@ -444,6 +490,7 @@ DOC_BLOCKS = {
     "fidelity-quick": lambda: fidelity_table("fidelity/fidelity_quick.json"),
     "throughput-smollm2": lambda: throughput_table("serving/concurrency_multiturn_r04.json"),
     "throughput-qwen": lambda: throughput_table("serving/concurrency_multiturn_qwen.json"),
+    "throughput-fp8": fp8_throughput_table,
     "concurrency": concurrency_table,
     "replicas": replicas_table,
     "pressure": pressure_table,
@@ -556,6 +603,11 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                               "histories in the tree",
                               lambda: concurrency_headline("serving/concurrency_multiturn.json"),
                               None),
+    "concurrency_fp8": ("Multi-turn throughput with FP8 KV pages at the same bytes (16 sessions x 4 turns, 3 runs), "
+                        "SmolLM2, FastKVzip 0.4",
+                        lambda: "; ".join(f"{r[0]} {r[1]}: {r[5]} stock's turns/s, {r[6]} sessions"
+                                          for r in (row.strip("| ").split(" | ") for row in fp8_throughput_table()[2:])
+                                          if r[3] != "0"), None),
     "concurrency": ("Two-turn sessions started together: peak sessions decoding together at the same KV bytes, "
                     "SnapKV 0.25 and 0.5", lambda: concurrency_headline("serving/concurrency.json"), None),
     "concurrency_fastkvzip": ("The two-turn workload with the FastKVzip gate at 0.5 (torch-matmul prefill of "
