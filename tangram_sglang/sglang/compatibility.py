@@ -69,23 +69,50 @@ def check_server_args(server_args) -> None:
         if value is not None and bad(value):
             flag = f"--{field.replace('_', '-')}"
             raise UnsupportedOption(flag if value is True else f"{flag} {value}", why)
-    device = getattr(server_args, "device", None) or "auto"
-    arch = _architectures(getattr(server_args, "model_path", None))
-    fused = arch & fused_set_kv_architectures()
-    if fused and device != "cpu":
+    config = _model_config(getattr(server_args, "model_path", None))
+    arch = set(config.get("architectures") or [])
+    other = other_attention_layers(config)
+    if other:
+        kinds = ", ".join(sorted(set(other.values())))
         raise UnsupportedOption(
-            f"model {sorted(fused)[0]} on {device}", "on a GPU SGLang's model writes K/V itself through a fused "
-            "set-KV kernel into SGLang's token pool, which a profile shrinks; serve it with --device cpu")
+            f"model {sorted(arch)[0] if arch else ''} ({len(other)} of {_num_layers(config)} layers: {kinds})",
+            "only full-attention layers are served from the ragged pool; a sliding-window layer would attend "
+            "to the whole history, not its window")
+    fused = arch & fused_set_kv_architectures()
+    if fused:
+        raise UnsupportedOption(
+            f"model {sorted(fused)[0]}", "SGLang's model code asks the attention backend for SGLang's token pool to "
+            "write K/V itself through a fused set-KV kernel (on a GPU), a path the ragged pool does not take yet")
 
 
-def _architectures(model_path: str | None) -> set[str]:
-    config = os.path.join(model_path or "", "config.json")
-    if not model_path or not os.path.isfile(config):
-        return set()
+def _model_config(model_path: str | None) -> dict:
+    """config.json of a model folder, its text model's for a multimodal one ({} without one: a hub name)."""
+    path = os.path.join(model_path or "", "config.json")
+    if not model_path or not os.path.isfile(path):
+        return {}
     import json
 
-    with open(config) as f:
-        return set(json.load(f).get("architectures") or [])
+    with open(path) as f:
+        config = json.load(f)
+    text = config.get("text_config")
+    return {**text, "architectures": config.get("architectures")} if isinstance(text, dict) else config
+
+
+def _num_layers(config: dict) -> int:
+    return int(config.get("num_hidden_layers") or len(config.get("layer_types") or ()))
+
+
+def other_attention_layers(config: dict) -> dict[int, str]:
+    """{layer: its kind} of the layers that do not attend to the whole history: HF's ``layer_types``
+    (``sliding_attention``, ``chunked_attention``, linear attention, ...) or, in configs written before
+    it, Gemma's ``sliding_window_pattern`` (every pattern-th layer is global)."""
+    types = config.get("layer_types")
+    if types:
+        return {i: t for i, t in enumerate(types) if t != "full_attention"}
+    pattern = config.get("sliding_window_pattern")
+    if pattern and config.get("sliding_window"):
+        return {i: "sliding_attention" for i in range(_num_layers(config)) if (i + 1) % int(pattern)}
+    return {}
 
 
 def fused_set_kv_architectures() -> set[str]:

@@ -70,13 +70,15 @@ def test_same_options_without_a_profile_are_sglangs_business(tiny_llama):
     assert args.kv_cache_dtype == "fp8_e4m3"
 
 
-def test_models_writing_their_own_kv_are_refused_on_a_gpu(tmp_path):
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_models_writing_their_own_kv_are_refused(tmp_path, device):
+    """Qwen3-MoE's SGLang code asks the attention backend for SGLang's token pool on every forward (the
+    fused set-KV check), on a CPU too, where the check then fails inside the scheduler: refused up front."""
     arch = "Qwen3MoeForCausalLM"
     assert arch in fused_set_kv_architectures() and "LlamaForCausalLM" not in fused_set_kv_architectures()
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
-    with pytest.raises(UnsupportedOption, match=f"model {arch} on cuda.*fused set-KV"):
-        check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cuda"))
-    check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cpu"))  # torch path: K/V reach the backend
+    with pytest.raises(UnsupportedOption, match=f"model {arch}: .*fused set-KV"):
+        check_server_args(SimpleNamespace(model_path=str(tmp_path), device=device))
 
 
 def test_mixed_chunked_prefill_is_refused():
@@ -97,3 +99,29 @@ def test_decode_cuda_graphs_stay_on_only_where_they_can_run(tiny_llama, profile,
     out = serving_overrides(read_profile(profile)[1], plane, device)
     assert out["disable_prefill_cuda_graph"] is True
     assert out.get("disable_cuda_graph", False) is (not graphs)
+
+
+@pytest.mark.parametrize("config,named", [
+    ({"architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 6,
+      "layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
+     r"Gemma3ForCausalLM \(5 of 6 layers: sliding_attention\)"),
+    ({"architectures": ["Gemma3ForConditionalGeneration"],  # multimodal: the text model's config
+      "text_config": {"num_hidden_layers": 12, "sliding_window": 1024, "sliding_window_pattern": 6}},
+     r"\(10 of 12 layers: sliding_attention\)"),
+    ({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 4,
+      "layer_types": ["sliding_attention", "full_attention"] * 2}, r"\(2 of 4 layers"),
+])
+def test_models_with_window_layers_are_refused(tmp_path, config, named):
+    """Until window layers are served, a hybrid model is refused, not served with every layer reading
+    the whole history."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedOption, match=named + ".*sliding-window layer would attend to the whole"):
+        check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cpu"))
+
+
+def test_qwen2_sliding_window_field_unused_is_not_a_window_model(tmp_path):
+    """Qwen2's config names a sliding_window it does not use (use_sliding_window false, no layer types)."""
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 24, "sliding_window": 32768,
+         "use_sliding_window": False, "max_window_layers": 21}))
+    check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cpu"))

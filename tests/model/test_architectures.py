@@ -1,0 +1,68 @@
+"""Architectures beyond Llama / Qwen2 on CPU: stock SGLang's greedy tokens equal HF's for a tiny random
+model of each; Qwen3 (q/k norms) with a 1.0 profile gives them too, a second turn read from the tree
+included. Qwen3-MoE and the hybrid Gemma 3 are refused with a profile (tests/unit/test_compatibility.py);
+their tiny models here are what their support will be tested on."""
+
+import atexit
+
+import pytest
+import sglang
+from tiny_model import PROMPTS, build_tiny, hf_greedy
+
+from tangram_sglang.profile.uniform import main as write_uniform
+
+SAMPLING = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def tiny(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    model = build_tiny(request.param, str(path))
+    return str(path), model, hf_greedy(model)
+
+
+def serve(path, prompts, turns=1, **kwargs):
+    engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=2048,
+                           log_level="error", **kwargs)
+    try:
+        outs = [[r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=SAMPLING)]]
+        if turns == 2:
+            outs.append(engine.generate(input_ids=[p + o + [5, 6, 7] for p, o in zip(prompts, outs[0])],
+                                        sampling_params=SAMPLING))
+        info = engine.get_server_info()["internal_states"][0].get("tangram")
+    finally:
+        engine.shutdown()
+        atexit.unregister(engine.shutdown)
+    return outs, info
+
+
+@pytest.mark.parametrize("tiny", ["qwen3", "qwen3_moe", "gemma3"], indirect=True)
+def test_stock_matches_hf(tiny):
+    path, _, hf = tiny
+    (outs,), info = serve(path, PROMPTS)
+    assert outs == hf and info is None
+
+
+@pytest.mark.parametrize("tiny", ["qwen3"], indirect=True)
+def test_full_profile_matches_hf_across_turns(tiny, tmp_path):
+    path, model, hf = tiny
+    profile = tmp_path / "u.yaml"
+    write_uniform(["--model-path", path, "--ratio", "1.0", "-o", str(profile)])
+    (outs, second), info = serve(path, PROMPTS, turns=2, tangram_profile=str(profile))
+    assert info["pool"] == "ragged" and info["pool_info"]["integrity"] == "ok"
+    assert outs == hf
+    turn2 = [p + o + [5, 6, 7] for p, o in zip(PROMPTS, hf)]
+    assert [r["meta_info"]["cached_tokens"] for r in second] == [len(p) + len(o) - 1 for p, o in zip(PROMPTS, hf)]
+    assert [r["output_ids"] for r in second] == hf_greedy(model, turn2)
+
+
+@pytest.mark.parametrize("tiny", ["qwen3_moe", "gemma3"], indirect=True)
+def test_refused_with_a_profile_at_launch(tiny, tmp_path):
+    """Refused before anything is spawned, naming why (the Engine raises, nothing keeps running)."""
+    from tangram_sglang.sglang.compatibility import UnsupportedOption
+
+    path, _, _ = tiny
+    profile = tmp_path / "u.yaml"
+    write_uniform(["--model-path", path, "--ratio", "1.0", "-o", str(profile)])
+    with pytest.raises(UnsupportedOption, match="fused set-KV|sliding-window layer"):
+        serve(path, PROMPTS, tangram_profile=str(profile))
