@@ -175,7 +175,7 @@ def test_64_concurrent_requests_on_a_pool_that_holds_a_few(server, essay_ids):
 
     def one(i: int):
         start = 300 * i % (len(essay_ids) - 400)
-        return gen(server, {"input_ids": essay_ids[start:start + 250],
+        return gen(server, {"input_ids": essay_ids[start:start + 120],
                             "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}})
 
     with ThreadPoolExecutor(64) as ex:
