@@ -6,7 +6,7 @@
 Writes README.md's key-results table (between ``<!-- results:begin -->`` and ``<!-- results:end -->``),
 benchmarks/results/README.md (an index of every results file, by kind) and the tables of docs/results.md
 (between ``<!-- results:NAME:begin -->`` and ``<!-- results:NAME:end -->``); text outside the markers
-is left alone. Standard library only (json, math, pathlib, argparse) and no import of the benchmarks
+is left alone. Standard library only (json, math, pathlib, statistics, argparse) and no import of the benchmarks
 package: launch/chat.py and tests/unit/test_docs.py load this file by path, and chat.py calls
 ``recommended()`` for the demo's ratio and the figures it prints.
 """
@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import pathlib
+import statistics
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
@@ -177,19 +178,22 @@ def mode_label(mode: dict) -> str:
     return f"Tangram, {scorer_name(mode['mode'].split('@')[0].removeprefix('tangram-'))} {mode['ratio']:g}"
 
 
-def median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
-
-
 def median_range(xs: list[float], fmt: str = "{:.3f}") -> str:
     """'median (min-max)' of repeated runs; the median alone for one run."""
-    return fmt.format(median(xs)) + (f" ({fmt.format(min(xs))}-{fmt.format(max(xs))})" if len(xs) > 1 else "")
+    return fmt.format(statistics.median(xs)) + (f" ({fmt.format(min(xs))}-{fmt.format(max(xs))})" if len(xs) > 1 else "")
+
+
+FP8_HEADER = ["server", "KV pages", "KV MiB", "runs", "turns/s, median (range)", "vs stock, same run",
+              "sessions held at once", "pool saved (end)"]
 
 
 def fp8_throughput_table(name: str = "serving/concurrency_fp8.json") -> list[str]:
+    return table(FP8_HEADER, fp8_throughput_rows(name))
+
+
+def fp8_throughput_rows(name: str = "serving/concurrency_fp8.json") -> list[list]:
     """Each server of one run over its repeats (alternating): turns/s and sessions held, median (range),
-    turns/s against stock's in the same repeat; servers that did not start, named."""
+    turns/s against stock's in the same repeat; servers that did not start, named (0 runs)."""
     data = load(name)
     modes = data["modes"]
     stock = {m["repeat"]: m for m in modes if m["ratio"] is None and m["kv_cache_dtype"] == "auto"}
@@ -206,14 +210,13 @@ def fp8_throughput_table(name: str = "serving/concurrency_fp8.json") -> list[str
                      "1.00x" if is_stock else
                      median_range([turns_per_s(r) / turns_per_s(stock[r["repeat"]]) for r in runs], "{:.2f}x"),
                      median_range(held, "{:.0f}") + ("" if max(held) < data["args"]["sessions"] else " (all: not bound)"),
-                     pct(median([r["pool_info"]["saved_vs_full_kv"] for r in runs]))
+                     pct(statistics.median([r["pool_info"]["saved_vs_full_kv"] for r in runs]))
                      if "pool_info" in runs[0] else "-"])
     rows += [["stock SGLang" if r.startswith("stock") else r.split(" ")[0],
               r.split(" ")[0].split("+")[1] if "+" in r else "float32", "-", 0,
               "did not start (no Intel AMX: SGLang refuses FP8 KV on this CPU)", "-", "-", "-"]
              for r in data.get("refused", [])]
-    return table(["server", "KV pages", "KV MiB", "runs", "turns/s, median (range)", "vs stock, same run",
-                  "sessions held at once", "pool saved (end)"], rows)
+    return rows
 
 
 def throughput_cell(name: str) -> tuple[str, str, str, str]:
@@ -345,6 +348,13 @@ def gpu_decode_table() -> list[str]:
 
 
 def triton_launch_table() -> list[str]:
+    runs = sum("error" not in r for r in load("timing/triton_tune_nvidia-h200.json")["rows"])
+    return table(["workload", "B", "pages", "served launch ms (BLOCK_N 32, 4 warps, 3 stages)",
+                  f"best of {runs} launches, ms", "served / best"], triton_launch_rows())
+
+
+def triton_launch_rows() -> list[list]:
+    """Per workload of the sweep: the served launch's time, the best launch, served / best."""
     rows = [r for r in load("timing/triton_tune_nvidia-h200.json")["rows"] if "error" not in r]
     keys = [k for k in rows[0] if k.count("/") == 2]
     default = next(r for r in rows if r["default"])
@@ -355,8 +365,7 @@ def triton_launch_table() -> list[str]:
         out.append([name, batch, "bf16" if kv == "model" else kv, f"{default[k]:.2f}",
                     f"{best[k]:.2f} (BLOCK_N {best['block_n']}, {best['num_warps']} warps, {best['num_stages']} stages)",
                     times(default[k] / best[k])])
-    return table(["workload", "B", "pages", "served launch ms (BLOCK_N 32, 4 warps, 3 stages)",
-                  f"best of {len(rows)} launches, ms", "served / best"], out)
+    return out
 
 
 def control_plane_table() -> list[str]:
@@ -606,8 +615,7 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "concurrency_fp8": ("Multi-turn throughput with FP8 KV pages at the same bytes (16 sessions x 4 turns, 3 runs), "
                         "SmolLM2, FastKVzip 0.4",
                         lambda: "; ".join(f"{r[0]} {r[1]}: {r[5]} stock's turns/s, {r[6]} sessions"
-                                          for r in (row.strip("| ").split(" | ") for row in fp8_throughput_table()[2:])
-                                          if r[3] != "0"), None),
+                                          for r in fp8_throughput_rows() if r[3]), None),
     "concurrency": ("Two-turn sessions started together: peak sessions decoding together at the same KV bytes, "
                     "SnapKV 0.25 and 0.5", lambda: concurrency_headline("serving/concurrency.json"), None),
     "concurrency_fastkvzip": ("The two-turn workload with the FastKVzip gate at 0.5 (torch-matmul prefill of "
@@ -643,7 +651,7 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                                None),
     "triton_tune_nvidia-h200": ("Launch options of the Triton decode kernel on an NVIDIA H200 (BLOCK_N, warps, stages)",
                                 lambda: "served launch / best launch: " + ", ".join(
-                                    row.rsplit("|", 2)[-2].strip() for row in triton_launch_table()[2:]), None),
+                                    r[-1] for r in triton_launch_rows()), None),
     "control_plane": ("Host time of admission and allocation per request as layers x groups grow",
                       control_plane_headline, None),
     "control_plane_decode": ("Host time per decode step (batch 64, 32 layers x 4 groups) against SGLang's",
