@@ -6,7 +6,7 @@
 Writes README.md's key-results table (between ``<!-- results:begin -->`` and ``<!-- results:end -->``),
 benchmarks/results/README.md (an index of every results file, by kind) and the tables of docs/results.md
 (between ``<!-- results:NAME:begin -->`` and ``<!-- results:NAME:end -->``); text outside the markers
-is left alone. Standard library only (json, math, pathlib, statistics, argparse) and no import of the benchmarks
+is left alone. Standard library only (json, math, pathlib, argparse) and no import of the benchmarks
 package: launch/chat.py and tests/unit/test_docs.py load this file by path, and chat.py calls
 ``recommended()`` for the demo's ratio and the figures it prints.
 """
@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import pathlib
-import statistics
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
@@ -178,9 +177,15 @@ def mode_label(mode: dict) -> str:
     return f"Tangram, {scorer_name(mode['mode'].split('@')[0].removeprefix('tangram-'))} {mode['ratio']:g}"
 
 
+def median(xs: list[float]) -> float:
+    """The median (statistics is not among the modules this file may import: tests/unit/test_docs.py)."""
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
 def median_range(xs: list[float], fmt: str = "{:.3f}") -> str:
     """'median (min-max)' of repeated runs; the median alone for one run."""
-    return fmt.format(statistics.median(xs)) + (f" ({fmt.format(min(xs))}-{fmt.format(max(xs))})" if len(xs) > 1 else "")
+    return fmt.format(median(xs)) + (f" ({fmt.format(min(xs))}-{fmt.format(max(xs))})" if len(xs) > 1 else "")
 
 
 FP8_HEADER = ["server", "KV pages", "KV MiB", "runs", "turns/s, median (range)", "vs stock, same run",
@@ -210,7 +215,7 @@ def fp8_throughput_rows(name: str = "serving/concurrency_fp8.json") -> list[list
                      "1.00x" if is_stock else
                      median_range([turns_per_s(r) / turns_per_s(stock[r["repeat"]]) for r in runs], "{:.2f}x"),
                      median_range(held, "{:.0f}") + ("" if max(held) < data["args"]["sessions"] else " (all: not bound)"),
-                     pct(statistics.median([r["pool_info"]["saved_vs_full_kv"] for r in runs]))
+                     pct(median([r["pool_info"]["saved_vs_full_kv"] for r in runs]))
                      if "pool_info" in runs[0] else "-"])
     rows += [["stock SGLang" if r.startswith("stock") else r.split(" ")[0],
               r.split(" ")[0].split("+")[1] if "+" in r else "float32", "-", 0,
