@@ -38,6 +38,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from tangram_sglang.attention import ragged_decode_torch, ragged_prefill_chunk_torch, write_decode_kv
 from tangram_sglang.serving.chunk_writer import ChunkWriter
+from tangram_sglang.sglang.model_writes import learned_sinks, route_kv_writes_through_backend
 from tangram_sglang.serving.decode_graph import DecodeGraph
 
 CPU_TILE = 256
@@ -51,6 +52,11 @@ class TangramAttnBackend(AttentionBackend):
         if self.serving is None:
             raise RuntimeError("the tangram attention backend needs --tangram-profile")
         self.context = self.serving.context
+        sinks = learned_sinks(model_runner.model)
+        if sinks:
+            raise RuntimeError(f"--tangram-profile: {sinks[0]} has learned attention sinks, which the ragged "
+                               "attention kernels do not add to the softmax: serve this model without a profile")
+        route_kv_writes_through_backend(model_runner.model)   # fused set-KV models write through this backend
         self.device = model_runner.device
         self.runner = model_runner
         self.plan = None

@@ -8,7 +8,6 @@ listed runs with a profile (the tests say which are exercised).
 from __future__ import annotations
 
 import os
-import re
 
 from tangram_sglang.profile import ProfileError
 
@@ -78,11 +77,6 @@ def check_server_args(server_args) -> None:
             f"model {sorted(arch)[0] if arch else ''} ({len(other)} of {_num_layers(config)} layers: {kinds})",
             "only full-attention layers are served from the ragged pool; a sliding-window layer would attend "
             "to the whole history, not its window")
-    fused = arch & fused_set_kv_architectures()
-    if fused:
-        raise UnsupportedOption(
-            f"model {sorted(fused)[0]}", "SGLang's model code asks the attention backend for SGLang's token pool to "
-            "write K/V itself through a fused set-KV kernel (on a GPU), a path the ragged pool does not take yet")
 
 
 def _model_config(model_path: str | None) -> dict:
@@ -113,23 +107,3 @@ def other_attention_layers(config: dict) -> dict[int, str]:
     if pattern and config.get("sliding_window"):
         return {i: "sliding_attention" for i in range(_num_layers(config)) if (i + 1) % int(pattern)}
     return {}
-
-
-def fused_set_kv_architectures() -> set[str]:
-    """Architectures whose SGLang model file may write K/V through enable_fused_set_kv_buffer
-    (read from the installed sglang's model sources: their EntryClass names)."""
-    import sglang.srt.models as models
-
-    folder = list(models.__path__)[0]  # a namespace package: no __file__
-    found: set[str] = set()
-    for path in sorted(os.listdir(folder)):
-        if not path.endswith(".py") or path == "utils.py":
-            continue
-        with open(os.path.join(folder, path), encoding="utf-8") as f:
-            text = f.read()
-        if "enable_fused_set_kv_buffer" not in text:
-            continue
-        m = re.search(r"^EntryClass\s*=\s*(\[[^\]]*\]|\w+)", text, re.M)
-        if m:
-            found.update(re.findall(r"\w+", m.group(1)))
-    return found

@@ -9,7 +9,7 @@ from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import prepare_server_args
 
 from tangram_sglang.profile.uniform import main as write_uniform
-from tangram_sglang.sglang.compatibility import UnsupportedOption, check_server_args, fused_set_kv_architectures
+from tangram_sglang.sglang.compatibility import UnsupportedOption, check_server_args
 
 load_plugins()
 
@@ -68,17 +68,6 @@ def test_fp8_kv_is_served_with_a_profile(tiny_llama, profile):
 def test_same_options_without_a_profile_are_sglangs_business(tiny_llama):
     args = prepare_server_args(["--model-path", tiny_llama[0], "--kv-cache-dtype", "fp8_e4m3"])
     assert args.kv_cache_dtype == "fp8_e4m3"
-
-
-@pytest.mark.parametrize("device", ["cuda", "cpu"])
-def test_models_writing_their_own_kv_are_refused(tmp_path, device):
-    """Qwen3-MoE's SGLang code asks the attention backend for SGLang's token pool on every forward (the
-    fused set-KV check), on a CPU too, where the check then fails inside the scheduler: refused up front."""
-    arch = "Qwen3MoeForCausalLM"
-    assert arch in fused_set_kv_architectures() and "LlamaForCausalLM" not in fused_set_kv_architectures()
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
-    with pytest.raises(UnsupportedOption, match=f"model {arch}: .*fused set-KV"):
-        check_server_args(SimpleNamespace(model_path=str(tmp_path), device=device))
 
 
 def test_mixed_chunked_prefill_is_refused():
