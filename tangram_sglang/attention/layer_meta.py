@@ -38,6 +38,8 @@ class LayerMeta:
     group_of_head, slot_of_head: int64 [H], where each KV head lives.
     group_budget: float64 [G] numpy, beta of each group (None when unknown).
     k_scale, v_scale: the layer's KV quantization scales (pages hold x / scale; 1.0 unquantized).
+    window: 0, or a sliding-window layer's window: a query at position p reads the slots of positions
+        p - window + 1 .. p only (such a layer keeps every token, so slot s holds position s).
     """
 
     num_kv_heads: int
@@ -54,6 +56,7 @@ class LayerMeta:
     group_budget: np.ndarray | None = None
     k_scale: float = 1.0
     v_scale: float = 1.0
+    window: int = 0
 
     @property
     def num_groups(self) -> int:
@@ -105,16 +108,18 @@ def build_layer_meta(groups: list[list[int]], *, num_q_heads: int, num_kv_heads:
 
 
 def build_layer_metas(entry, *, num_q_heads: int, num_kv_heads: int, heads_per_group: int,
-                      device="cpu", kv_scales=None) -> list[LayerMeta]:
+                      device="cpu", kv_scales=None, windows=None) -> list[LayerMeta]:
     """One LayerMeta per layer of a profile RatioEntry (groups and group budgets); kv_scales:
-    per layer (k_scale, v_scale) of quantized pages, None for 1.0 everywhere."""
+    per layer (k_scale, v_scale) of quantized pages, None for 1.0 everywhere; windows: per layer
+    (ModelShape.windows), None for full attention everywhere."""
     scales = kv_scales or [(1.0, 1.0)] * len(entry.groups)
+    windows = windows or [0] * len(entry.groups)
     return [
         dataclasses.replace(
             build_layer_meta(entry.groups[layer], num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                              heads_per_group=heads_per_group, group_budget=entry.group_budget[layer],
                              device=device),
-            k_scale=float(scales[layer][0]), v_scale=float(scales[layer][1]))
+            k_scale=float(scales[layer][0]), v_scale=float(scales[layer][1]), window=int(windows[layer]))
         for layer in range(len(entry.groups))
     ]
 

@@ -11,7 +11,8 @@ piece points at written, finite K/V). Two cuts, both vectorized:
 
 Worked example, seq_lens [[5, 0]], S = [2, 1]: split_pieces -> item [0, 0],
 start [0, 3], length [3, 2]; tile_pieces(tile=4) -> item [0, 0], start [0, 4],
-length [4, 1]. Item ids are b * G + g.
+length [4, 1]. Item ids are b * G + g. Both take ``first`` (int [B, G], a sliding-window
+layer's first slot to read, window_start): the cut then covers slots first .. seq_len - 1.
 """
 
 from __future__ import annotations
@@ -36,29 +37,47 @@ class Pieces:
         return int(self.length.max()) if self.length.numel() else 0
 
 
-def _cut(lens: torch.Tensor, piece_len: torch.Tensor) -> Pieces:
-    """lens, piece_len: int64 [NI] (piece_len >= 1). Consecutive pieces of piece_len slots."""
+def _cut(lens: torch.Tensor, piece_len: torch.Tensor, offset: torch.Tensor | None = None) -> Pieces:
+    """lens, piece_len: int64 [NI] (piece_len >= 1). Consecutive pieces of piece_len slots, from slot
+    offset (int64 [NI], default 0) on: lens counts the slots from offset."""
     count = torch.div(lens + piece_len - 1, piece_len, rounding_mode="floor")
     item = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), count)
     first = torch.cumsum(count, 0) - count
     index = torch.arange(item.numel(), device=lens.device) - first[item]
     start = index * piece_len[item]
     length = torch.minimum(piece_len[item], lens[item] - start)
+    if offset is not None:
+        start = start + offset[item]
     return Pieces(item, start, length, lens.numel())
 
 
-def split_pieces(seq_lens: torch.Tensor, splits: torch.Tensor) -> Pieces:
-    """seq_lens int [B, G]; splits int [G] -> the non-empty pieces of the split map's cut."""
-    lens = seq_lens.to(torch.int64)
-    s = splits.to(torch.int64).to(lens.device).expand_as(lens)
-    piece_len = torch.clamp(torch.div(lens + s - 1, s, rounding_mode="floor"), min=1)
-    return _cut(lens.reshape(-1), piece_len.reshape(-1))
+def window_start(query_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """First slot a query at position query_pos (int, any shape) reads in a layer of window
+    ``window`` (it sees itself and window - 1 positions before it); int64, >= 0."""
+    return torch.clamp(query_pos.to(torch.int64) - (window - 1), min=0)
 
 
-def tile_pieces(seq_lens: torch.Tensor, tile: int) -> Pieces:
-    """seq_lens int [B, G] -> pieces of at most ``tile`` slots."""
+def _from_first(seq_lens: torch.Tensor, first: torch.Tensor | None):
     lens = seq_lens.to(torch.int64).reshape(-1)
-    return _cut(lens, torch.full_like(lens, tile))
+    if first is None:
+        return lens, None
+    first = first.to(torch.int64).reshape(-1)
+    return torch.clamp(lens - first, min=0), first
+
+
+def split_pieces(seq_lens: torch.Tensor, splits: torch.Tensor, first: torch.Tensor | None = None) -> Pieces:
+    """seq_lens int [B, G]; splits int [G]; first int [B, G] or None -> the non-empty pieces of the
+    split map's cut."""
+    lens, first = _from_first(seq_lens, first)
+    s = splits.to(torch.int64).to(lens.device).expand(seq_lens.shape).reshape(-1)
+    piece_len = torch.clamp(torch.div(lens + s - 1, s, rounding_mode="floor"), min=1)
+    return _cut(lens, piece_len, first)
+
+
+def tile_pieces(seq_lens: torch.Tensor, tile: int, first: torch.Tensor | None = None) -> Pieces:
+    """seq_lens int [B, G]; first int [B, G] or None -> pieces of at most ``tile`` slots."""
+    lens, first = _from_first(seq_lens, first)
+    return _cut(lens, torch.full_like(lens, tile), first)
 
 
 def piece_slots(pieces: Pieces, block_table: torch.Tensor, page_size: int, rows: torch.Tensor | None = None):

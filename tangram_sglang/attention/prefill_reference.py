@@ -3,7 +3,10 @@
 A chunk's query i of request b attends, per KV head h, to the cached slots of
 h's group (all of them: they precede the chunk) and to the chunk's own keys
 0..i of head h (causal, uncompressed: compression writes the kept ones
-afterwards). The two partial results are merged by log-sum-exp.
+afterwards). The two partial results are merged by log-sum-exp. In a
+sliding-window layer (meta.window = W; it keeps every token, so slot s is
+position s) query i at position c + i (c cached) reads keys c + i - W + 1 .. c + i
+only, in both parts.
 
 The batch is packed as SGLang gives it: the chunks of all requests
 concatenated, request b's tokens at cu_seqlens[b] .. cu_seqlens[b + 1]. They
@@ -18,7 +21,7 @@ import torch
 from tangram_sglang.attention.fused_cpu import chunk_self_attention_fused
 from tangram_sglang.attention.layer_meta import LayerMeta
 from tangram_sglang.attention.merge import merge_two
-from tangram_sglang.attention.pieces import tile_pieces
+from tangram_sglang.attention.pieces import tile_pieces, window_start
 from tangram_sglang.attention.reference import attend_cached
 
 DEFAULT_TILE = 128
@@ -35,10 +38,11 @@ def pad_index(cu_seqlens: torch.Tensor):
 
 
 def chunk_self_attention(q_pad: torch.Tensor, k_pad: torch.Tensor, v_pad: torch.Tensor,
-                         lens: torch.Tensor, sm_scale: float):
+                         lens: torch.Tensor, sm_scale: float, window: int = 0):
     """Causal attention of each padded chunk to itself, GQA aware.
 
-    q_pad: [B, n, Hq, d]; k_pad, v_pad: [B, n, H, d]; lens: int64 [B] real tokens.
+    q_pad: [B, n, Hq, d]; k_pad, v_pad: [B, n, H, d]; lens: int64 [B] real tokens;
+    window: 0, or a sliding window (query i reads keys i - window + 1 .. i).
     Returns (o float32 [B, n, Hq, d], lse float32 [B, n, Hq]); padding rows are finite.
     """
     b, n, hq, d = q_pad.shape
@@ -49,8 +53,12 @@ def chunk_self_attention(q_pad: torch.Tensor, k_pad: torch.Tensor, v_pad: torch.
     s = torch.matmul(q, k) * sm_scale  # [B, H, n * gqa, n]
     row_pos = torch.arange(n, device=q.device).repeat_interleave(gqa)
     col = torch.arange(n, device=q.device)
-    allowed = (col[None, :] <= row_pos[:, None])[None] & (col[None, None, :] < lens[:, None, None])
-    allowed = allowed | (col[None, None, :] == 0)  # padding rows see column 0: stays finite
+    causal = col[None, :] <= row_pos[:, None]
+    if window:
+        causal &= col[None, :] > row_pos[:, None] - window
+    allowed = causal[None] & (col[None, None, :] < lens[:, None, None])
+    padding = row_pos[None, :, None] >= lens[:, None, None]
+    allowed = allowed | ((col[None, None, :] == 0) & padding)  # padding rows see column 0: stays finite
     s = s.masked_fill(~allowed[:, None], float("-inf"))
     m = s.amax(dim=-1, keepdim=True)
     p = torch.exp(s - m)
@@ -68,6 +76,17 @@ def _pad(x: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, batch: int, n: i
     return out
 
 
+def _attend_cached_window(q_pad, k_pages, v_pages, block_table, seq_lens, meta: LayerMeta, sm_scale: float,
+                          tile: int):
+    """The cached part in a sliding-window layer: query i of (b, g) reads slots from
+    window_start(seq_lens[b, g] + i) on; only the window of the chunk's first query is gathered."""
+    cached = seq_lens.to(torch.int64)
+    first = window_start(cached, meta.window)
+    query_pos = cached.reshape(-1, 1) + torch.arange(q_pad.shape[1], device=cached.device)
+    return attend_cached(q_pad, k_pages, v_pages, block_table, seq_lens, meta, tile_pieces(seq_lens, tile, first),
+                         sm_scale, min_key=window_start(query_pos, meta.window))
+
+
 def ragged_prefill_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                cu_seqlens: torch.Tensor, k_pages: torch.Tensor,
                                v_pages: torch.Tensor, block_table: torch.Tensor,
@@ -82,7 +101,8 @@ def ragged_prefill_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     cu_seqlens : int [B + 1], request b owns tokens cu_seqlens[b] .. cu_seqlens[b+1].
     k_pages, v_pages : [num_pages, P, H_p, d]; block_table int32 [B, G, max_pages];
     seq_lens : int32 [B, G], cached slots of (b, g) before this chunk (0 allowed).
-    meta : LayerMeta; sm_scale : softmax scale; tile : piece size of the cached part.
+    meta : LayerMeta (a sliding-window layer, meta.window, masks both parts to the window);
+        sm_scale : softmax scale; tile : piece size of the cached part.
     fused : on CPU tensors, both parts on ATen's fused flash kernel (fused_cpu.py) instead
         of this reference's matmuls (the CPU data plane's choice); ignored elsewhere.
 
@@ -96,11 +116,17 @@ def ragged_prefill_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return torch.empty_like(q)
     q_pad = _pad(q, req, pos, batch, n)
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    fused = fused and q.device.type == "cpu"
-    o_self, lse_self = (chunk_self_attention_fused if fused else chunk_self_attention)(q_pad, _pad(k, req, pos, batch, n),
-                                            _pad(v, req, pos, batch, n), lens, sm_scale)
-    pieces = tile_pieces(seq_lens, tile)
-    o_old, lse_old = attend_cached(q_pad, k_pages, v_pages, block_table, seq_lens, meta, pieces, sm_scale,
-                                   fused)
+    k_pad, v_pad = _pad(k, req, pos, batch, n), _pad(v, req, pos, batch, n)
+    if meta.window:  # the reference's masks (the fused kernel has no window)
+        o_self, lse_self = chunk_self_attention(q_pad, k_pad, v_pad, lens, sm_scale, meta.window)
+        o_old, lse_old = _attend_cached_window(q_pad, k_pages, v_pages, block_table, seq_lens, meta, sm_scale,
+                                               tile)
+    else:
+        fused = fused and q.device.type == "cpu"
+        o_self, lse_self = (chunk_self_attention_fused if fused else chunk_self_attention)(q_pad, k_pad, v_pad,
+                                                                                            lens, sm_scale)
+        pieces = tile_pieces(seq_lens, tile)
+        o_old, lse_old = attend_cached(q_pad, k_pages, v_pages, block_table, seq_lens, meta, pieces, sm_scale,
+                                       fused)
     o, _ = merge_two(o_old, lse_old, o_self, lse_self)
     return o[req, pos].to(q.dtype)

@@ -16,7 +16,7 @@ from tangram_sglang.attention.fused_cpu import attend_block_fused
 from tangram_sglang.attention.kv_quant import dequantize
 from tangram_sglang.attention.layer_meta import LayerMeta
 from tangram_sglang.attention.merge import merge_by_item
-from tangram_sglang.attention.pieces import Pieces, piece_slots, split_pieces, tile_pieces
+from tangram_sglang.attention.pieces import Pieces, piece_slots, split_pieces, tile_pieces, window_start
 from tangram_sglang.attention.split_row import SplitRow
 
 
@@ -42,7 +42,8 @@ def ungroup_rows(x: torch.Tensor, meta: LayerMeta, batch: int, num_q: int) -> to
 
 def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                   block_table: torch.Tensor, pieces: Pieces, sm_scale: float, fused: bool = False,
-                  rows: torch.Tensor | None = None, scales: tuple[float, float] = (1.0, 1.0)):
+                  rows: torch.Tensor | None = None, scales: tuple[float, float] = (1.0, 1.0),
+                  min_key: torch.Tensor | None = None):
     """Partial attention of every piece, in batches of pieces (a loop over work, not requests).
 
     qg: float32 [B * G, H_p, Mg, d] (group_rows); k_pages, v_pages: [num_pages, P, H_p, d].
@@ -52,6 +53,9 @@ def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
     fused: each batch on ATen's fused CPU kernel (fused_cpu.attend_block_fused) instead of
     the two matmuls below (CPU tensors only). rows: see ragged_decode_torch.
     scales: (k_scale, v_scale) of quantized pages (kv_quant.py); gathered K/V are dequantized.
+    min_key: None, or int64 [B * G, M]: query m of item i reads slots >= min_key[i, m] only (a
+    sliding-window layer's chunk prefill; matmul path; a row with no slot in a piece gets o = 0,
+    lse = -inf).
     """
     _, page_size, hp, d = k_pages.shape
     loc, valid = piece_slots(pieces, block_table, page_size, rows)
@@ -63,10 +67,18 @@ def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
     rows = min(step, num_p) * width
     k_buf, v_buf = k_pages.new_empty(rows, hp * d), v_pages.new_empty(rows, hp * d)
     kf, vf, invalid = k_pages.reshape(-1, hp * d), v_pages.reshape(-1, hp * d), ~valid
+    if min_key is not None:  # [NP, Mg, W]: row m * gqa + j is query m
+        lo = min_key.index_select(0, pieces.item).repeat_interleave(q.shape[2] // min_key.shape[1], dim=1)
+        key_pos = pieces.start[:, None] + torch.arange(width, device=loc.device)
+        invalid = invalid[:, None, :] | (key_pos[:, None, :] < lo[:, :, None])
     for i in range(0, num_p, step):
         j = min(i + step, num_p)
         flat, n = loc[i:j].reshape(-1), (j - i) * width
         k = dequantize(torch.index_select(kf, 0, flat, out=k_buf[:n]).view(j - i, width, hp, d), scales[0])
+        if min_key is not None:
+            v = dequantize(torch.index_select(vf, 0, flat, out=v_buf[:n]).view(j - i, width, hp, d), scales[1])
+            o[i:j], lse[i:j] = _attend_masked(q[i:j], k, v, invalid[i:j])
+            continue
         if fused:
             v = dequantize(torch.index_select(vf, 0, flat, out=v_buf[:n]).view(j - i, width, hp, d), scales[1])
             o[i:j], lse[i:j] = attend_block_fused(q[i:j], k, v, invalid[i:j])
@@ -82,6 +94,18 @@ def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
     return o, lse
 
 
+def _attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocked: torch.Tensor):
+    """q [n, H_p, Mg, d] (scaled), k, v [n, W, H_p, d], blocked bool [n, Mg, W] -> (o, lse); a row
+    with every slot blocked gets o = 0, lse = -inf."""
+    s = torch.matmul(q, k.permute(0, 2, 3, 1)).masked_fill_(blocked[:, None], float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = s.sub_(m).exp_()
+    denom = p.sum(dim=-1)
+    o = torch.matmul(p, v.transpose(1, 2)).div_(torch.clamp(denom, min=1e-30)[..., None])
+    return o, torch.log(denom).add_(m.squeeze(-1))
+
+
 # Gathered K (or V) of one batch of pieces stays below this. The two gather
 # buffers are allocated once per call and reused by every batch: gathering
 # 4 MiB batches into fresh tensors made malloc return and re-map the memory,
@@ -92,8 +116,10 @@ GATHER_BYTES = 2 << 20
 
 def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                   block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
-                  pieces: Pieces, sm_scale: float, fused: bool = False, rows: torch.Tensor | None = None):
-    """Every query row attends to all cached slots of its group (no causal mask).
+                  pieces: Pieces, sm_scale: float, fused: bool = False, rows: torch.Tensor | None = None,
+                  min_key: torch.Tensor | None = None):
+    """Every query row attends to the cached slots of its group in ``pieces`` (no causal mask;
+    min_key: see attend_pieces).
 
     q_rows: [B, M, Hq, d]; block_table: int32 [B, G, max_pages]; seq_lens: int32 [B, G].
     Returns (o float32 [B, M, Hq, d], lse float32 [B, M, Hq]); a query whose group
@@ -106,14 +132,16 @@ def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
         lse = torch.full(qg.shape[:-1], float("-inf"), device=qg.device)
     else:
         o, lse = attend_pieces(qg, k_pages, v_pages, block_table, pieces, sm_scale, fused, rows,
-                               (meta.k_scale, meta.v_scale))
+                               (meta.k_scale, meta.v_scale), min_key)
         o, lse = merge_by_item(o, lse, pieces.item, pieces.num_items)
     return ungroup_rows(o, meta, batch, num_q), ungroup_rows(lse, meta, batch, num_q)
 
 
-def decode_pieces(seq_lens: torch.Tensor, split: SplitRow, tile: int | None) -> Pieces:
-    """The split map's cut (tile None), or fixed tiles of ``tile`` slots (CPU data plane)."""
-    return split_pieces(seq_lens, split.splits) if tile is None else tile_pieces(seq_lens, tile)
+def decode_pieces(seq_lens: torch.Tensor, split: SplitRow, tile: int | None, window: int = 0) -> Pieces:
+    """The split map's cut (tile None), or fixed tiles of ``tile`` slots (CPU data plane); a
+    sliding-window layer's cut starts at its query's window (the query is the newest slot)."""
+    first = window_start(seq_lens.to(torch.int64) - 1, window) if window else None
+    return split_pieces(seq_lens, split.splits, first) if tile is None else tile_pieces(seq_lens, tile, first)
 
 
 def ragged_decode_torch(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
@@ -129,7 +157,8 @@ def ragged_decode_torch(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
     block_table : int32 [B, G, max_pages], pages of (b, g); slot s is page
         block_table[b, g, s // P], offset s % P. Entries past seq_lens are never read.
     seq_lens : int32 [B, G], slots held by (b, g) (0 allowed).
-    meta : LayerMeta of the layer.
+    meta : LayerMeta of the layer; a sliding-window layer (meta.window) reads the newest
+        meta.window slots of each (b, g).
     split : SplitRow of the layer (S[l]); the result does not depend on it.
     sm_scale : softmax scale.
     tile : None cuts each (b, g) into S[g] pieces like the kernels; an int cuts
@@ -141,7 +170,7 @@ def ragged_decode_torch(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
     -------
     o : [B, Hq, d] in q's dtype (and lse float32 [B, Hq] if return_lse).
     """
-    pieces = decode_pieces(seq_lens, split, tile)
+    pieces = decode_pieces(seq_lens, split, tile, meta.window)
     o, lse = attend_cached(q[:, None], k_pages, v_pages, block_table, seq_lens, meta, pieces, sm_scale,
                            rows=rows)
     o = o[:, 0].to(q.dtype)

@@ -5,6 +5,9 @@ File format ``tangram-profile`` version 1 (YAML)::
     format: tangram-profile
     version: 1
     model: {architecture: LlamaForCausalLM, num_layers: 30, num_kv_heads: 3, head_dim: 64}
+    # hybrid models only: the sliding-window layers and their window (keys each query sees, itself
+    # included); those layers keep every token (budget 1.0) and attend to their window
+    #   model: {..., window: 512, window_layers: [0, 1, 2, 3, 4, 6, ...]}
     calibration:                 # how the budgets were made
       method: snapkv             # scorer name, or "uniform"
       target_ratios: [0.5, 0.25]
@@ -63,12 +66,20 @@ class ProfileError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelShape:
-    """What a profile must agree with in the served model."""
+    """What a profile must agree with in the served model. window_layers: the layers that attend to
+    the newest ``window`` positions only (each query sees itself and window - 1 keys before it)."""
 
     architecture: str
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    window: int = 0
+    window_layers: tuple[int, ...] = ()
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """Per layer: its window, 0 for a full-attention layer."""
+        return tuple(self.window if i in self.window_layers else 0 for i in range(self.num_layers))
 
     @classmethod
     def from_hf_config(cls, config) -> "ModelShape":
@@ -81,11 +92,16 @@ class ModelShape:
         heads = get("num_attention_heads")
         head_dim = get("head_dim") or get("hidden_size") // heads
         archs = get("architectures") or ["unknown"]
+        num_layers = int(get("num_hidden_layers"))
+        kinds = layer_kinds(get("layer_types"), get("sliding_window_pattern"), get("sliding_window"), num_layers)
+        window_layers = tuple(i for i, kind in kinds.items() if kind == SLIDING)
         return cls(
             architecture=str(archs[0]),
-            num_layers=int(get("num_hidden_layers")),
+            num_layers=num_layers,
             num_kv_heads=int(get("num_key_value_heads") or heads),
             head_dim=int(head_dim),
+            window=int(get("sliding_window") or 0) if window_layers else 0,
+            window_layers=window_layers,
         )
 
     @classmethod
@@ -95,6 +111,20 @@ class ModelShape:
             raise ProfileError("model", f"no config.json in model folder {model_path!r}")
         with open(path) as f:
             return cls.from_hf_config(json.load(f))
+
+
+SLIDING = "sliding_attention"
+
+
+def layer_kinds(layer_types, pattern, window, num_layers: int) -> dict[int, str]:
+    """{layer: its kind} of the layers that do not attend to the whole history: HF's ``layer_types``
+    (``sliding_attention``, ``chunked_attention``, linear attention, ...) or, in configs written before
+    it, Gemma's ``sliding_window_pattern`` (every pattern-th layer is global)."""
+    if layer_types:
+        return {i: t for i, t in enumerate(layer_types) if t != "full_attention"}
+    if pattern and window:
+        return {i: SLIDING for i in range(num_layers) if (i + 1) % int(pattern)}
+    return {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,8 +193,9 @@ class TangramProfile:
 
     def check_model(self, shape: ModelShape) -> None:
         """Raise ProfileError unless the profile was made for this model shape."""
-        for name in ("num_layers", "num_kv_heads", "head_dim"):
-            mine, theirs = getattr(self.model, name), getattr(shape, name)
+        for name in ("num_layers", "num_kv_heads", "head_dim", "window_layers", "window"):
+            mine, theirs = (list(x) if isinstance(x, tuple) else x for x in (getattr(self.model, name),
+                                                                              getattr(shape, name)))
             if mine != theirs:
                 raise ProfileError(f"model.{name}", f"profile has {mine}, the served model has {theirs}")
         if self.model.architecture != shape.architecture:
@@ -177,7 +208,7 @@ class TangramProfile:
         return {
             "format": FORMAT,
             "version": VERSION,
-            "model": dataclasses.asdict(self.model),
+            "model": _model_to_dict(self.model),
             "calibration": _calibration_to_dict(self.calibration),
             "heads_per_group": self.heads_per_group,
             "grouping": self.grouping,
@@ -192,6 +223,14 @@ class TangramProfile:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             f.write(text)
+
+
+def _model_to_dict(model: ModelShape) -> dict:
+    out = dataclasses.asdict(model)
+    out["window_layers"] = list(model.window_layers)
+    if not model.window_layers:  # full-attention models: files of earlier versions stay byte-identical
+        del out["window"], out["window_layers"]
+    return out
 
 
 def _calibration_to_dict(meta: CalibrationMeta) -> dict:

@@ -23,9 +23,10 @@ def uniform_profile(shape: ModelShape, ratios: list[float], *, heads_per_group: 
                     grouping: str = "budget_aware", parallel_capacity: int | None = None) -> TangramProfile:
     capacity = parallel_capacity or device_parallel_capacity()
     lh = (shape.num_layers, shape.num_kv_heads)
+    window = np.asarray(shape.windows)[:, None] > 0   # sliding-window layers keep every token
     entries = [
-        make_entry(r, np.full(lh, r), np.full(lh, r), np.zeros(lh), heads_per_group=heads_per_group,
-                   grouping=grouping, parallel_capacity=capacity)
+        make_entry(r, np.where(window, 1.0, np.full(lh, r)), np.where(window, 1.0, np.full(lh, r)),
+                   np.zeros(lh), heads_per_group=heads_per_group, grouping=grouping, parallel_capacity=capacity)
         for r in ratios
     ]
     meta = CalibrationMeta(method="uniform", target_ratios=tuple(ratios), alpha=0.0, num_samples=0,

@@ -63,11 +63,21 @@ def _matrix(value, name: str, shape: tuple[int, int], dtype) -> np.ndarray:
 
 
 def parse_model(raw) -> ModelShape:
+    num_layers = _int(_require(raw, "num_layers", "model"), "model.num_layers")
+    window_layers = raw.get("window_layers") or []
+    if not isinstance(window_layers, list) or any(
+            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers for i in window_layers) \
+            or sorted(set(window_layers)) != window_layers:
+        raise ProfileError("model.window_layers", f"must list distinct layer ids in [0, {num_layers}) in "
+                                                  f"order, got {window_layers!r}")
+    window = _int(raw.get("window", 0), "model.window", 1 if window_layers else 0)
     return ModelShape(
         architecture=str(_require(raw, "architecture", "model")),
-        num_layers=_int(_require(raw, "num_layers", "model"), "model.num_layers"),
+        num_layers=num_layers,
         num_kv_heads=_int(_require(raw, "num_kv_heads", "model"), "model.num_kv_heads"),
         head_dim=_int(_require(raw, "head_dim", "model"), "model.head_dim"),
+        window=window if window_layers else 0,
+        window_layers=tuple(window_layers),
     )
 
 
@@ -149,6 +159,10 @@ def parse_entry(raw, i: int, model: ModelShape, heads_per_group: int) -> RatioEn
     ratio = _ratio(_require(raw, "ratio", where), f"{where}.ratio")
     budgets = _matrix(_require(raw, "budgets", where), f"{where}.budgets", lh, np.float64)
     _check_budgets(budgets, f"{where}.budgets")
+    for layer in model.window_layers:
+        if np.any(budgets[layer] != 1.0):
+            raise ProfileError(f"{where}.budgets[{layer}]", f"layer {layer} attends to a {model.window}-token "
+                               "window: it keeps every token (budget 1.0 for each head)")
     groups = parse_groups(_require(raw, "groups", where), f"{where}.groups", model, heads_per_group)
     lg = (model.num_layers, len(groups[0]))
     split = _matrix(_require(raw, "split_map", where), f"{where}.split_map", lg, np.float64)

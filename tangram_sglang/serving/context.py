@@ -95,7 +95,8 @@ def build_context(loaded: LoadedProfile, hf_config, *, stock_tokens: int, dtype:
                               head_dim=shape.head_dim, page_size=page_size,
                               dtype=str(dtype).replace("torch.", ""))
     metas = build_layer_metas(entry, num_q_heads=num_q_heads, num_kv_heads=shape.num_kv_heads,
-                              heads_per_group=view.heads_per_group, device=device, kv_scales=kv_scales)
+                              heads_per_group=view.heads_per_group, device=device, kv_scales=kv_scales,
+                              windows=shape.windows)
     return ServingContext(path=loaded.path, profile=profile, ratio=loaded.ratio, entry=entry,
                           tp=(tp_size, tp_rank), chunk=chunk or chunk_size_of(profile), protection=protection,
                           scorer=scorer, spec=spec, stock_tokens=int(stock_tokens), full_kv_token_bytes=token_bytes,

@@ -38,7 +38,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from tangram_sglang.attention import ragged_decode_torch, ragged_prefill_chunk_torch, write_decode_kv
 from tangram_sglang.serving.chunk_writer import ChunkWriter
-from tangram_sglang.sglang.model_writes import learned_sinks, route_kv_writes_through_backend
+from tangram_sglang.sglang.model_writes import learned_sinks, route_kv_writes_through_backend, window_mismatches
 from tangram_sglang.serving.decode_graph import DecodeGraph
 
 CPU_TILE = 256
@@ -56,6 +56,9 @@ class TangramAttnBackend(AttentionBackend):
         if sinks:
             raise RuntimeError(f"--tangram-profile: {sinks[0]} has learned attention sinks, which the ragged "
                                "attention kernels do not add to the softmax: serve this model without a profile")
+        windows = window_mismatches(model_runner.model, self.context.profile.model.windows)
+        if windows:
+            raise RuntimeError(f"--tangram-profile: {windows[0]}: the profile was made for other windows")
         route_kv_writes_through_backend(model_runner.model)   # fused set-KV models write through this backend
         self.device = model_runner.device
         self.runner = model_runner

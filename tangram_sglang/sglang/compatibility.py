@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from tangram_sglang.profile import ProfileError
+from tangram_sglang.profile.format import SLIDING, layer_kinds
 
 OPTIONS = [  # (ServerArgs field, unsupported when, why)
     ("pp_size", lambda v: (v or 1) > 1, "pipeline parallelism: the pool is built for every layer in one process"),
@@ -75,8 +76,23 @@ def check_server_args(server_args) -> None:
         kinds = ", ".join(sorted(set(other.values())))
         raise UnsupportedOption(
             f"model {sorted(arch)[0] if arch else ''} ({len(other)} of {_num_layers(config)} layers: {kinds})",
-            "only full-attention layers are served from the ragged pool; a sliding-window layer would attend "
-            "to the whole history, not its window")
+            "the ragged pool serves full-attention and sliding-window layers only")
+    if arch and SLIDING in _window_kinds(config).values() and _sglang_hybrid_swa(arch):
+        raise UnsupportedOption(
+            f"model {sorted(arch)[0]}", "SGLang serves it from its hybrid SWA pool (window-layer pages released "
+            "as the window moves, learned attention sinks for gpt-oss); with a profile only window layers at "
+            "dense memory (Gemma 2 / 3) are served yet")
+
+
+def _window_kinds(config: dict) -> dict[int, str]:
+    return layer_kinds(config.get("layer_types"), config.get("sliding_window_pattern"),
+                       config.get("sliding_window"), _num_layers(config))
+
+
+def _sglang_hybrid_swa(arch: set[str]) -> bool:
+    from sglang.srt.configs.model_config import is_hybrid_swa_model
+
+    return bool(is_hybrid_swa_model(sorted(arch)))
 
 
 def _model_config(model_path: str | None) -> dict:
@@ -97,13 +113,6 @@ def _num_layers(config: dict) -> int:
 
 
 def other_attention_layers(config: dict) -> dict[int, str]:
-    """{layer: its kind} of the layers that do not attend to the whole history: HF's ``layer_types``
-    (``sliding_attention``, ``chunked_attention``, linear attention, ...) or, in configs written before
-    it, Gemma's ``sliding_window_pattern`` (every pattern-th layer is global)."""
-    types = config.get("layer_types")
-    if types:
-        return {i: t for i, t in enumerate(types) if t != "full_attention"}
-    pattern = config.get("sliding_window_pattern")
-    if pattern and config.get("sliding_window"):
-        return {i: "sliding_attention" for i in range(_num_layers(config)) if (i + 1) % int(pattern)}
-    return {}
+    """{layer: its kind} of the layers that neither attend to the whole history nor to a sliding window
+    (chunked, linear attention, ...: profile/format.layer_kinds)."""
+    return {i: kind for i, kind in _window_kinds(config).items() if kind != SLIDING}

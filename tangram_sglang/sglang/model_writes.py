@@ -10,7 +10,9 @@ check answers False once the backend is built, so the model writes through forwa
 forward_decode like every other (what SGLang does itself for a pool that is not bf16).
 
 Learned attention sinks (a logit per head that every softmax includes): the ragged kernels have no
-such term, so a model whose attention modules carry one is refused when the backend is built.
+such term, so a model whose attention modules carry one is refused when the backend is built. Sliding
+windows: each attention layer's window (SGLang's ``sliding_window_size``, window - 1) must be the
+profile's, which is what the Tangram data plane masks with.
 """
 
 from __future__ import annotations
@@ -44,6 +46,19 @@ def learned_sinks(model) -> list[str]:
     """Names of the modules of ``model`` that hold a learned attention-sink tensor."""
     return [name for name, m in model.named_modules()
             if any(getattr(m, attr, None) is not None for attr in SINK_ATTRS)]
+
+
+def window_mismatches(model, windows) -> list[str]:
+    """Attention layers whose SGLang window differs from ``windows`` (per layer, 0: full attention)."""
+    bad = []
+    for name, m in model.named_modules():
+        if not hasattr(m, "sliding_window_size") or not hasattr(m, "layer_id"):
+            continue
+        sws = m.sliding_window_size
+        served = int(sws) + 1 if sws is not None and sws >= 0 else 0
+        if served != windows[m.layer_id]:
+            bad.append(f"{name} (layer {m.layer_id}: window {served}, the profile's {windows[m.layer_id]})")
+    return bad
 
 
 def fused_set_kv_architectures() -> set[str]:

@@ -120,6 +120,7 @@ def attach_profile(server_args, path: str | None, profile: TangramProfile | None
     check_server_args(server_args)
     check_tensor_parallel(server_args, profile)
     _check_data_plane(server_args, data_plane)
+    _check_window_plane(server_args, profile, data_plane)
     # A bookkeeping attribute (leading underscore) is allowed on the sealed record.
     setattr(server_args, HANDLE, ServedProfile(path, ratio, data_plane))
 
@@ -135,6 +136,18 @@ def _check_data_plane(server_args, data_plane: str) -> None:
         choose_data_plane(data_plane, device)
     except DataPlaneError as exc:
         raise ProfileError("tangram_data_plane", str(exc)) from None
+
+
+def _check_window_plane(server_args, profile: TangramProfile, data_plane: str) -> None:
+    """Sliding-window layers are masked by the torch data plane only (the kernels take no window yet)."""
+    from tangram_sglang.serving.data_plane import choose_data_plane
+
+    device = getattr(server_args, "device", None) or "cpu"
+    if profile.model.window_layers and str(device).startswith(("cpu", "cuda")) and \
+            choose_data_plane(data_plane, device) != "torch":
+        raise ProfileError("tangram_data_plane", "the model's sliding-window layers are served by the torch "
+                           "data plane only (the Triton and CUDA kernels take no window yet): pass "
+                           "--tangram-data-plane torch")
 
 
 def from_cli_args(original, cls, args: argparse.Namespace):

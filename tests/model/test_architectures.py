@@ -1,8 +1,8 @@
 """Architectures beyond Llama / Qwen2 on CPU: stock SGLang's greedy tokens equal HF's for a tiny random
 model of each; Qwen3 (q/k norms) and Qwen3-MoE (whose SGLang code would write K/V itself through the
 fused set-KV path on a GPU: under a profile it writes through the Tangram backend, sglang/model_writes.py)
-with a 1.0 profile give them too, a second turn read from the tree included. The hybrid Gemma 3 is refused
-with a profile; its tiny model here is what its support will be tested on."""
+with a 1.0 profile give them too, a second turn read from the tree included; so does the hybrid Gemma 3
+(two layers attend to a 24-token window, which the prompts and the second turn reach past)."""
 
 import atexit
 
@@ -44,7 +44,7 @@ def test_stock_matches_hf(tiny):
     assert outs == hf and info is None
 
 
-@pytest.mark.parametrize("tiny", ["qwen3", "qwen3_moe"], indirect=True)
+@pytest.mark.parametrize("tiny", ["qwen3", "qwen3_moe", "gemma3"], indirect=True)
 def test_full_profile_matches_hf_across_turns(tiny, tmp_path):
     path, model, hf = tiny
     profile = tmp_path / "u.yaml"
@@ -58,12 +58,21 @@ def test_full_profile_matches_hf_across_turns(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("tiny", ["gemma3"], indirect=True)
-def test_refused_with_a_profile_at_launch(tiny, tmp_path):
-    """Refused before anything is spawned, naming why (the Engine raises, nothing keeps running)."""
-    from tangram_sglang.sglang.compatibility import UnsupportedOption
+def test_window_layers_across_compression_chunks(tiny, tmp_path):
+    """Gemma 3 in 16-token compression chunks: the 57-token prompt's window (24) spans chunks, so
+    chunk queries read their window from the pages too. At 1.0: HF's tokens, both turns. At 0.5 the
+    full-attention layer is compressed and the window layers keep every token: served, pool intact."""
+    import yaml
 
-    path, _, _ = tiny
+    path, model, hf = tiny
     profile = tmp_path / "u.yaml"
-    write_uniform(["--model-path", path, "--ratio", "1.0", "-o", str(profile)])
-    with pytest.raises(UnsupportedOption, match="sliding-window layer"):
-        serve(path, PROMPTS, tangram_profile=str(profile))
+    write_uniform(["--model-path", path, "--ratio", "1.0", "--ratio", "0.5", "-o", str(profile)])
+    raw = yaml.safe_load(profile.read_text())
+    raw["calibration"]["chunk_size"] = 16
+    profile.write_text(yaml.safe_dump(raw, sort_keys=False))
+    (outs, second), info = serve(path, PROMPTS, turns=2, tangram_profile=str(profile))
+    assert info["pool_info"]["integrity"] == "ok" and outs == hf
+    assert [r["output_ids"] for r in second] == hf_greedy(model, [p + o + [5, 6, 7] for p, o in zip(PROMPTS, hf)])
+    (outs, second), info = serve(path, PROMPTS, turns=2, tangram_profile=str(profile), tangram_ratio=0.5)
+    assert info["pool_info"]["integrity"] == "ok" and info["ratio"] == 0.5
+    assert all(len(o) == len(hf[0]) for o in outs) and all(len(r["output_ids"]) == len(hf[0]) for r in second)

@@ -9,6 +9,7 @@ from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import prepare_server_args
 
 from tangram_sglang.profile.uniform import main as write_uniform
+from tangram_sglang.profile import ProfileError
 from tangram_sglang.sglang.compatibility import UnsupportedOption, check_server_args
 
 load_plugins()
@@ -90,22 +91,51 @@ def test_decode_cuda_graphs_stay_on_only_where_they_can_run(tiny_llama, profile,
     assert out.get("disable_cuda_graph", False) is (not graphs)
 
 
-@pytest.mark.parametrize("config,named", [
-    ({"architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 6,
-      "layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
-     r"Gemma3ForCausalLM \(5 of 6 layers: sliding_attention\)"),
-    ({"architectures": ["Gemma3ForConditionalGeneration"],  # multimodal: the text model's config
-      "text_config": {"num_hidden_layers": 12, "sliding_window": 1024, "sliding_window_pattern": 6}},
-     r"\(10 of 12 layers: sliding_attention\)"),
-    ({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 4,
-      "layer_types": ["sliding_attention", "full_attention"] * 2}, r"\(2 of 4 layers"),
+@pytest.mark.parametrize("config", [
+    {"architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 6,
+     "layer_types": ["sliding_attention"] * 5 + ["full_attention"], "sliding_window": 512},
+    {"architectures": ["Gemma3ForConditionalGeneration"],  # multimodal: the text model's config
+     "text_config": {"num_hidden_layers": 12, "sliding_window": 1024, "sliding_window_pattern": 6}},
 ])
-def test_models_with_window_layers_are_refused(tmp_path, config, named):
-    """Until window layers are served, a hybrid model is refused, not served with every layer reading
-    the whole history."""
+def test_dense_memory_window_models_pass(tmp_path, config):
+    """Gemma 3's window layers (SGLang serves them at dense memory too) are served with a profile."""
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedOption, match=named + ".*sliding-window layer would attend to the whole"):
+    check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cpu"))
+
+
+@pytest.mark.parametrize("config,named,why", [
+    ({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 4, "sliding_window": 128,
+      "layer_types": ["sliding_attention", "full_attention"] * 2}, "model GptOssForCausalLM",
+     "hybrid SWA pool"),
+    ({"architectures": ["Llama4ForCausalLM"], "num_hidden_layers": 4,
+      "layer_types": ["chunked_attention", "full_attention"] * 2},
+     r"Llama4ForCausalLM \(2 of 4 layers: chunked_attention\)", "full-attention and sliding-window layers only"),
+])
+def test_other_hybrids_are_refused(tmp_path, config, named, why):
+    """What SGLang serves from its hybrid SWA pool (gpt-oss: with learned sinks too) and layers of other
+    kinds are refused, not served with every layer reading the whole history."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedOption, match=named + ".*" + why):
         check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cpu"))
+
+
+@pytest.mark.parametrize("plane", ["triton", "cuda", "auto"])
+def test_window_layers_need_the_torch_data_plane(monkeypatch, plane):
+    """The kernels take no window yet: a GPU launch of a window model names the plane to pass."""
+    from tangram_sglang.profile import ModelShape
+    from tangram_sglang.profile.uniform import uniform_profile
+    from tangram_sglang.serving import data_plane
+    from tangram_sglang.sglang.server_args import _check_window_plane
+
+    monkeypatch.setattr(data_plane, "_triton_imports", lambda: True)
+    monkeypatch.setattr(data_plane.shutil, "which", lambda name: "/usr/bin/nvcc")
+    shape = ModelShape(architecture="Gemma3ForCausalLM", num_layers=2, num_kv_heads=2, head_dim=8, window=16,
+                       window_layers=(0,))
+    prof = uniform_profile(shape, [0.5], parallel_capacity=8)
+    with pytest.raises(ProfileError, match="sliding-window layers are served by the torch data plane only"):
+        _check_window_plane(SimpleNamespace(device="cuda"), prof, plane)
+    _check_window_plane(SimpleNamespace(device="cuda"), prof, "torch")
+    _check_window_plane(SimpleNamespace(device="cpu"), prof, "auto")
 
 
 def test_qwen2_sliding_window_field_unused_is_not_a_window_model(tmp_path):

@@ -195,3 +195,36 @@ def test_model_shape_from_hf_config():
            "num_key_value_heads": 3, "hidden_size": 576}
     assert ModelShape.from_hf_config(cfg) == ModelShape(
         architecture="LlamaForCausalLM", num_layers=30, num_kv_heads=3, head_dim=64)
+
+
+GEMMA = {"architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 3, "num_attention_heads": 4,
+         "num_key_value_heads": 4, "head_dim": 8, "sliding_window": 24,
+         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}
+
+
+def test_window_layers_from_hf_config_and_back():
+    shape = ModelShape.from_hf_config(GEMMA)
+    assert shape.window_layers == (0, 2) and shape.window == 24 and shape.windows == (24, 0, 24)
+    older = {**GEMMA, "layer_types": None, "sliding_window_pattern": 3}  # every 3rd layer is global
+    assert ModelShape.from_hf_config(older).window_layers == (0, 1)
+    prof = uniform_profile(shape, [0.5], parallel_capacity=8)
+    assert prof.entries[0].budgets[[0, 2]].min() == 1.0 and prof.entries[0].budgets[1].max() == 0.5
+    again = parse_profile(prof.to_dict())
+    assert again.model == shape
+    dense = ModelShape(**{**shape.__dict__, "window": 0, "window_layers": ()})
+    with pytest.raises(ProfileError, match=r"model.window_layers.*profile has \[0, 2\], the served model has \[\]"):
+        again.check_model(dense)
+
+
+def test_window_layer_budgets_must_be_whole():
+    raw = uniform_profile(ModelShape.from_hf_config(GEMMA), [0.5], parallel_capacity=8).to_dict()
+    raw["entries"][0]["budgets"][2][1] = 0.5
+    with pytest.raises(ProfileError, match=r"entries\[0\].budgets\[2\].*24-token window: it keeps every token"):
+        parse_profile(raw)
+    raw["model"]["window_layers"] = [2, 0]
+    with pytest.raises(ProfileError, match="model.window_layers"):
+        parse_profile(raw)
+
+
+def test_dense_profiles_write_no_window_fields(raw):
+    assert "window" not in raw["model"] and "window_layers" not in parse_profile(raw).to_dict()["model"]
