@@ -4,7 +4,8 @@ Same signature and result as reference.ragged_decode_torch (split cut).
 Two kernels, no planning:
 
 1. split kernel, grid (B, T), T = sum(S): CTA (b, t) takes group
-   g = cta_group[t], piece s = cta_split[t] of (b, g) (split_row.py) and, for
+   g = cta_group[t], piece s = cta_split[t] of (b, g) (split_row.py; in a
+   sliding-window layer the pieces cut the newest meta.window slots) and, for
    each head slot p < group_size[g], attends the gqa query heads of KV head
    groups[g][p] to the piece's slots (online softmax, BLOCK_N slots a step),
    writing a partial (o, lse) per row.
@@ -83,7 +84,7 @@ def _finish(m, den, acc):
 
 @triton.jit
 def _split_kernel(Q, K, V, BT, ROWS, LENS, SPLITS, CTA_G, CTA_S, QH, GSIZE, MID_O, MID_LSE, sm_scale,
-                  stride_qb, stride_qh, stride_btb, stride_btg, stride_lb, num_ctas,
+                  stride_qb, stride_qh, stride_btb, stride_btg, stride_lb, num_ctas, window,
                   PAGE: tl.constexpr, HP: tl.constexpr, GQA: tl.constexpr, D: tl.constexpr,
                   BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   PRECISION: tl.constexpr):
@@ -93,8 +94,9 @@ def _split_kernel(Q, K, V, BT, ROWS, LENS, SPLITS, CTA_G, CTA_S, QH, GSIZE, MID_
     s = tl.load(CTA_S + c)
     nsplit = tl.load(SPLITS + g)
     n = tl.load(LENS + b * stride_lb + g)
-    piece = (n + nsplit - 1) // nsplit
-    start = s * piece
+    lo = tl.where(window > 0, tl.maximum(n - window, 0), 0)   # a window layer reads its newest window slots
+    piece = (n - lo + nsplit - 1) // nsplit
+    start = lo + s * piece
     end = tl.minimum(start + piece, n)
     gsize = tl.load(GSIZE + g)
     offs_q = tl.arange(0, BLOCK_Q)
@@ -181,7 +183,7 @@ def ragged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.
         q, k_pages, v_pages, block_table, rows, seq_lens, split.splits, split.cta_group, split.cta_split,
         meta.q_head, meta.group_size, mid_o, mid_lse, sm_scale * meta.k_scale,
         q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1), seq_lens.stride(0), num_ctas,
-        PAGE=k_pages.shape[1], HP=hp, GQA=gqa, D=d, BLOCK_Q=_pow2(gqa), BLOCK_N=block_n,
+        meta.window, PAGE=k_pages.shape[1], HP=hp, GQA=gqa, D=d, BLOCK_Q=_pow2(gqa), BLOCK_N=block_n,
         BLOCK_D=_pow2(d), PRECISION=precision)
     _merge_kernel[(batch, meta.num_groups)](
         mid_o, mid_lse, split.splits, split.cta_offset, meta.q_head, meta.group_size, o, lse,

@@ -139,15 +139,11 @@ def _check_data_plane(server_args, data_plane: str) -> None:
 
 
 def _check_window_plane(server_args, profile: TangramProfile, data_plane: str) -> None:
-    """Sliding-window layers are masked by the torch data plane only (the kernels take no window yet)."""
-    from tangram_sglang.serving.data_plane import choose_data_plane
-
-    device = getattr(server_args, "device", None) or "cpu"
-    if profile.model.window_layers and str(device).startswith(("cpu", "cuda")) and \
-            choose_data_plane(data_plane, device) != "torch":
-        raise ProfileError("tangram_data_plane", "the model's sliding-window layers are served by the torch "
-                           "data plane only (the Triton and CUDA kernels take no window yet): pass "
-                           "--tangram-data-plane torch")
+    """Sliding-window layers: the torch reference and the Triton decode kernel take a window, the CUDA
+    decode kernel does not yet."""
+    if profile.model.window_layers and data_plane == "cuda":
+        raise ProfileError("tangram_data_plane", "the CUDA decode kernel takes no window yet and the model has "
+                           "sliding-window layers: pass --tangram-data-plane triton (or auto)")
 
 
 def from_cli_args(original, cls, args: argparse.Namespace):

@@ -22,14 +22,14 @@ def tiny(request, tmp_path_factory):
     return str(path), model, hf_greedy(model)
 
 
-def serve(path, prompts, turns=1, **kwargs):
+def serve(path, prompts, turns=1, sampling=SAMPLING, **kwargs):
     engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=2048,
                            log_level="error", **kwargs)
     try:
-        outs = [[r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=SAMPLING)]]
+        outs = [[r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=sampling)]]
         if turns == 2:
             outs.append(engine.generate(input_ids=[p + o + [5, 6, 7] for p, o in zip(prompts, outs[0])],
-                                        sampling_params=SAMPLING))
+                                        sampling_params=sampling))
         info = engine.get_server_info()["internal_states"][0].get("tangram")
     finally:
         engine.shutdown()
@@ -76,3 +76,4 @@ def test_window_layers_across_compression_chunks(tiny, tmp_path):
     (outs, second), info = serve(path, PROMPTS, turns=2, tangram_profile=str(profile), tangram_ratio=0.5)
     assert info["pool_info"]["integrity"] == "ok" and info["ratio"] == 0.5
     assert all(len(o) == len(hf[0]) for o in outs) and all(len(r["output_ids"]) == len(hf[0]) for r in second)
+

@@ -119,23 +119,19 @@ def test_other_hybrids_are_refused(tmp_path, config, named, why):
         check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cpu"))
 
 
-@pytest.mark.parametrize("plane", ["triton", "cuda", "auto"])
-def test_window_layers_need_the_torch_data_plane(monkeypatch, plane):
-    """The kernels take no window yet: a GPU launch of a window model names the plane to pass."""
+def test_window_layers_refuse_the_cuda_kernel():
+    """The CUDA C++ decode kernel takes no window yet: a window model names the plane to pass."""
     from tangram_sglang.profile import ModelShape
     from tangram_sglang.profile.uniform import uniform_profile
-    from tangram_sglang.serving import data_plane
     from tangram_sglang.sglang.server_args import _check_window_plane
 
-    monkeypatch.setattr(data_plane, "_triton_imports", lambda: True)
-    monkeypatch.setattr(data_plane.shutil, "which", lambda name: "/usr/bin/nvcc")
     shape = ModelShape(architecture="Gemma3ForCausalLM", num_layers=2, num_kv_heads=2, head_dim=8, window=16,
                        window_layers=(0,))
     prof = uniform_profile(shape, [0.5], parallel_capacity=8)
-    with pytest.raises(ProfileError, match="sliding-window layers are served by the torch data plane only"):
+    with pytest.raises(ProfileError, match="CUDA decode kernel takes no window yet.*--tangram-data-plane triton"):
+        _check_window_plane(SimpleNamespace(device="cuda"), prof, "cuda")
+    for plane in ("torch", "triton", "auto"):
         _check_window_plane(SimpleNamespace(device="cuda"), prof, plane)
-    _check_window_plane(SimpleNamespace(device="cuda"), prof, "torch")
-    _check_window_plane(SimpleNamespace(device="cpu"), prof, "auto")
 
 
 def test_qwen2_sliding_window_field_unused_is_not_a_window_model(tmp_path):

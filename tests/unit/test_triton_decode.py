@@ -114,3 +114,27 @@ def test_triton_decode_reads_fp8_e5m2_pages():
     out = ragged_decode_triton(q.to(DEVICE), cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens,
                                meta, split, 0.25, block_n=16)
     torch.testing.assert_close(out.cpu(), want, atol=3e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("window", [1, 6, 40])
+@pytest.mark.parametrize("hp", [1, 2])
+def test_triton_decode_reads_the_window(window, hp):
+    """A sliding-window layer (every position kept, slot = position): the kernel reads the newest
+    window slots of each (b, g), as the reference does."""
+    import dataclasses
+
+    hist = np.array([1, 9, 33])
+    lens = np.repeat(hist[:, None], math.ceil(4 / hp), axis=1)
+    cache = make_ragged_cache(lens, num_kv_heads=4, gqa=2, heads_per_group=hp, head_dim=16, page_size=4,
+                              extra_hist=0, seed=window)
+    meta = dataclasses.replace(cache.meta, window=window)
+    q = torch.randn(len(hist), 8, 16)
+    split = make_split_row([3] * meta.num_groups)
+    ref = ragged_decode_torch(q, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens, meta, split, 0.25)
+    full = ragged_decode_torch(q, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens, cache.meta,
+                               split, 0.25)
+    assert window >= 33 or not torch.allclose(ref, full)   # the window changes the answer
+    cache = _to(cache, DEVICE)
+    out = ragged_decode_triton(q.to(DEVICE), cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens,
+                               meta.to(DEVICE), split.to(DEVICE), 0.25)
+    torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=1e-4)
