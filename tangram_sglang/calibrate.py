@@ -119,6 +119,9 @@ def calibrate(args: argparse.Namespace) -> dict:
         held = run_pilot(model, held_samples, scorer, cfg, "held-out", not args.no_progress) if held_samples else []
     capacity = args.parallel_capacity or device_parallel_capacity()
     stats = [ratio_stats([r.retention[i] for r in cal], ratio, args.alpha) for i, ratio in enumerate(ratios)]
+    window_layers = list(shape.window_layers)
+    for s in stats:  # sliding-window layers keep every token (the pilot counts them so; KVzip's pass scores all)
+        s.budgets[window_layers] = 1.0
     entries = [make_entry(s.ratio, s.budgets, s.mean, s.std, heads_per_group=args.heads_per_group,
                           grouping=args.grouping, parallel_capacity=capacity) for s in stats]
     note = (f"pilot on {os.path.basename(os.path.normpath(args.model_path))}, float32 CPU, full KV kept, "

@@ -27,6 +27,7 @@ import torch
 
 from tangram_sglang.calibration.capture import CAPTURE_IMPL, capturing, hidden_inputs, register_capture_attention
 from tangram_sglang.calibration.samples import PilotSample
+from tangram_sglang.profile import ModelShape
 from tangram_sglang.scorers import Scorer, ScorerState
 from tangram_sglang.scorers.selection import SCOPES, scoped_topk_counts
 
@@ -67,11 +68,15 @@ def load_model(model_path: str):
 
 
 class _ChunkRecorder:
-    """Scores each layer's chunk; ``end_chunk`` adds the global selection's per-head counts."""
+    """Scores each layer's chunk; ``end_chunk`` adds the global selection's per-head counts.
+    Sliding-window layers (windows[l] > 0) are not scored: they keep every token (counted as kept),
+    and a model-scope selection spans the full-attention layers only."""
 
     def __init__(self, scorer: Scorer, ratios: tuple[float, ...], num_layers: int, num_kv: int,
-                 scope: str = "layer"):
+                 scope: str = "layer", windows: tuple[int, ...] = ()):
         self.scorer, self.ratios, self.scope = scorer, ratios, scope
+        self.full = [layer for layer in range(num_layers) if not (windows and windows[layer])]
+        self.chunk_len = 0
         self.states = [ScorerState() for _ in range(num_layers)]
         self.kept = np.zeros((len(ratios), num_layers, num_kv), dtype=np.int64)
         self.hidden: dict[int, torch.Tensor] = {}
@@ -81,7 +86,10 @@ class _ChunkRecorder:
         self.hidden[layer] = x
 
     def __call__(self, layer: int, query, key, value) -> None:
-        n = query.shape[2]
+        n = self.chunk_len = query.shape[2]
+        if layer not in self.full:
+            self.hidden.pop(layer, None)
+            return
         q = query[0].transpose(0, 1)  # [n, Hq, d]
         k = key[0, :, -n:].transpose(0, 1)  # [n, H, d]
         v = value[0, :, -n:].transpose(0, 1)
@@ -91,11 +99,12 @@ class _ChunkRecorder:
 
     def end_chunk(self) -> None:
         """Select over the chunk's scores (every layer must have scored it) and count."""
-        if sorted(self.pending) != list(range(self.kept.shape[1])):
-            raise RuntimeError(f"chunk scored by layers {sorted(self.pending)}, expected all {self.kept.shape[1]}")
-        scores = [self.pending.pop(layer) for layer in range(self.kept.shape[1])]
+        if sorted(self.pending) != self.full:
+            raise RuntimeError(f"chunk scored by layers {sorted(self.pending)}, expected {self.full}")
+        scores = [self.pending.pop(layer) for layer in self.full]
         for i, r in enumerate(self.ratios):
-            self.kept[i] += scoped_topk_counts(scores, r, self.scope).numpy()
+            self.kept[i] += self.chunk_len   # window layers keep the chunk whole
+            self.kept[i][self.full] += scoped_topk_counts(scores, r, self.scope).numpy() - self.chunk_len
 
 
 def model_dims(model) -> tuple[int, int]:
@@ -112,7 +121,8 @@ def run_sample(model, sample: PilotSample, scorer: Scorer, cfg: PilotConfig) -> 
         raise ValueError("model must come from pilot.load_model (capture attention)")
     num_layers, num_kv = model_dims(model)
     ids = torch.tensor([sample.token_ids], dtype=torch.long)
-    recorder = _ChunkRecorder(scorer, cfg.ratios, num_layers, num_kv, cfg.scope)
+    recorder = _ChunkRecorder(scorer, cfg.ratios, num_layers, num_kv, cfg.scope,
+                              ModelShape.from_hf_config(model.config).windows)
     cache = DynamicCache(config=model.config)
     hooks = hidden_inputs(model, recorder.take_hidden) if scorer.needs_hidden else nullcontext()
     with capturing(model, recorder), hooks:

@@ -87,8 +87,9 @@ class ModelShape:
         get = (lambda k, d=None: config.get(k, d)) if isinstance(config, dict) else (
             lambda k, d=None: getattr(config, k, d))
         text = get("text_config")
-        if text is not None and get("num_hidden_layers") is None:
-            return cls.from_hf_config(text)  # multimodal configs nest the text model
+        if text is not None and get("num_hidden_layers") is None:  # multimodal configs nest the text model
+            text = text if isinstance(text, dict) else text.to_dict()
+            return cls.from_hf_config({**text, "architectures": get("architectures")})
         heads = get("num_attention_heads")
         head_dim = get("head_dim") or get("hidden_size") // heads
         archs = get("architectures") or ["unknown"]

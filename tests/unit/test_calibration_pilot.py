@@ -90,3 +90,22 @@ def test_pilot_config_and_cli_errors(tmp_path, capsys):
     assert calibrate_main(["--model-path", str(tmp_path), "--method", "snapkv", "--ratio", "0.5",
                            "--default-ratio", "0.25", "-o", "x"]) == 2
     assert "--default-ratio 0.25" in capsys.readouterr().err
+
+
+def test_pilot_keeps_window_layers_whole_and_selects_over_full_layers():
+    """A tiny random Gemma 3 (layers 0 and 2 attend to a window): its window layers are not scored
+    and count every token as kept; a model-scope selection spans only layer 1, so layer 1 keeps
+    the ratio's share exactly."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+                           sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                           max_position_embeddings=128)
+    gemma = Gemma3ForCausalLM._from_config(cfg, attn_implementation=register_capture_attention()).eval()
+    sample = PilotSample(source="needle", kind="passkey", label="x", token_ids=tuple(range(2, 14)))
+    r = run_sample(gemma, sample, get_scorer("snapkv"), PilotConfig(ratios=(0.5,), chunk_size=4, scope="model"))
+    assert r.retention.shape == (1, 3, 2)
+    np.testing.assert_allclose(r.retention[0, [0, 2]], 1.0)
+    assert r.retention[0, 1].sum() == pytest.approx(2 * 0.5)   # the model-wide top half of layer 1's slots
