@@ -18,7 +18,7 @@ import time
 
 from tangram_sglang.attention.split_row import device_parallel_capacity
 from tangram_sglang.calibration.gate_calibration import calibrate_gates, reuse_gates
-from tangram_sglang.scorers.kvzip.calibration import kvzip_pilot, repeat_prefix_ids
+from tangram_sglang.calibration.kvzip_teacher import kvzip_pilot, repeat_prefix_ids
 from tangram_sglang.calibration.pilot import PilotConfig, load_model, run_pilot
 from tangram_sglang.calibration.report import regularity_report, write_report
 from tangram_sglang.calibration.samples import SOURCES, SampleSpec, build_samples

@@ -7,7 +7,8 @@ import re
 
 from benchmarks.common.paths import result_path
 
-PROFILES = {"smollm2": "configs/smollm2-snapkv.yaml", "qwen2.5-0.5b": "configs/qwen2.5-0.5b-snapkv.yaml"}
+PROFILES = {"smollm2": "configs/smollm2-snapkv.yaml", "qwen2.5-0.5b": "configs/qwen2.5-0.5b-snapkv.yaml",
+            "gemma3-270m": "configs/gemma3-270m-fastkvzip.yaml"}  # a base model: plain prompts (launch/models.py)
 ORACLE = ("static", "dynamic", "uniform")
 KVPRESS = ("kvpress-snapkv", "kvpress-adakv-snapkv", "kvpress-kvzip")
 CHUNK = 512

@@ -49,6 +49,18 @@ CORPUS = ["README.md", "configs/CALIBRATION.md", "configs/reference-regularity.m
 log = logger("concurrency")
 
 
+def template_pieces(tok) -> tuple[str, str, str]:
+    """The chat template's text before a first user message, between a user message and the reply, and
+    between a reply and the next user message (ChatML: system turn + '<|im_start|>user\\n',
+    '<|im_end|>\\n<|im_start|>assistant\\n', '<|im_end|>\\n<|im_start|>user\\n')."""
+    a, b, c = "QQA7", "QQB7", "QQC7"
+    one = tok.apply_chat_template([{"role": "user", "content": a}], tokenize=False, add_generation_prompt=True)
+    two = tok.apply_chat_template([{"role": "user", "content": a}, {"role": "assistant", "content": b},
+                                   {"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
+    head, tail = one.split(a)
+    return head, tail, two.split(b)[1].split(c)[0]
+
+
 class Workload:
     """Token ids of every session's turns, from the model's tokenizer and the repo's docs."""
 
@@ -59,12 +71,10 @@ class Workload:
         self.corpus: list[int] = []
         for text in repo_texts(CORPUS):
             self.corpus += tok.encode(text, add_special_tokens=False)
-        # ChatML pieces (SmolLM2's and Qwen2.5's template); the system turn is the template's own.
-        system = tok.apply_chat_template([{"role": "user", "content": "X"}], tokenize=False,
-                                         add_generation_prompt=True).split("<|im_start|>user")[0]
-        self.head = tok.encode(system + "<|im_start|>user\n", add_special_tokens=False)
-        self.tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
-        self.next_user = tok.encode("<|im_end|>\n<|im_start|>user\n", add_special_tokens=False)
+        head, tail, next_user = template_pieces(tok)
+        self.head = tok.encode(head, add_special_tokens=False)
+        self.tail = tok.encode(tail, add_special_tokens=False)
+        self.next_user = tok.encode(next_user, add_special_tokens=False)
         body = prompt_tokens - len(self.head) - len(self.tail)
         span = len(self.corpus) - body - (turns - 1) * new_tokens
         if body <= 0 or span <= 0:
@@ -335,7 +345,7 @@ def main(argv=None) -> int:
                     help="KV bytes of T full-KV tokens per server; several: one stock + Tangram set each")
     ap.add_argument("--ratios", type=float, nargs="*", default=[0.25], help="Tangram ratios (one server each)")
     ap.add_argument("--profile", default="configs/smollm2-snapkv.yaml")
-    ap.add_argument("--model", default="smollm2", choices=["smollm2", "qwen2.5-0.5b"],
+    ap.add_argument("--model", default="smollm2", choices=["smollm2", "qwen2.5-0.5b", "gemma3-270m"],
                     help="launch/models.py name; its profile is --profile")
     ap.add_argument("--prompt-tokens", type=int, default=1400)
     ap.add_argument("--new-tokens", type=int, default=60, help="new user text per later turn")

@@ -1,6 +1,6 @@
 """``calibrate --method fastkvzip``: KVzip scores -> trained gates -> the gate as the scorer.
 
-1. KVzip scores (scorers/kvzip/calibration.py) of every calibration sample, with the
+1. KVzip scores (calibration/kvzip_teacher.py) of every calibration sample, with the
    hidden states of a random subset of each sample's tokens;
 2. one gate per layer fitted to them (calibration/gate_training.py), saved as
    ``<profile stem>.gate.safetensors`` beside the profile, with its sha256;
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from tangram_sglang.calibration.gate_training import gate_ranking, train_gates
-from tangram_sglang.scorers.kvzip.calibration import KVzipSample, kvzip_sample
+from tangram_sglang.calibration.kvzip_teacher import KVzipSample, kvzip_sample
 from tangram_sglang.scorers.fastkvzip import FastKVzipScorer, GateShape, file_sha256, load_gates, save_gates
 
 

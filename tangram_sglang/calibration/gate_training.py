@@ -1,6 +1,6 @@
 """Train the FastKVzip-style gates (scorers/fastkvzip.py) to predict KVzip scores.
 
-Training rows come from scorers/kvzip/calibration.py: for sampled tokens, each layer's
+Training rows come from calibration/kvzip_teacher.py: for sampled tokens, each layer's
 input hidden states x [D] and KVzip's score [H] per KV head. A gate is fitted
 per layer by Adam on the squared error of log scores (KVzip's scores span four
 orders of magnitude; what serving needs is their order within a chunk).
@@ -18,7 +18,7 @@ import math
 import numpy as np
 import torch
 
-from tangram_sglang.scorers.kvzip.calibration import SINKS, KVzipSample
+from tangram_sglang.calibration.kvzip_teacher import SINKS, KVzipSample
 from tangram_sglang.calibration.stats import spearman
 from tangram_sglang.scorers.fastkvzip import GateShape, LayerGate, new_gates
 

@@ -1,7 +1,7 @@
 """A FastKVzip-style gate: predict KVzip's score of each entry from the layer's input.
 
 KVzip rates a cached entry by the attention a reconstruction of the context
-pays to it (tangram_sglang.scorers.kvzip.calibration). That needs a second pass over
+pays to it (tangram_sglang.calibration.kvzip_teacher). That needs a second pass over
 the context; the gate (Kim, Han, Yun 2026; kvpress ``FastKVzipPress``) learns
 to predict the score from the hidden state that produced the entry, one token
 at a time, so scoring costs two small matmuls beside the prefill.

@@ -109,3 +109,27 @@ def test_pilot_keeps_window_layers_whole_and_selects_over_full_layers():
     assert r.retention.shape == (1, 3, 2)
     np.testing.assert_allclose(r.retention[0, [0, 2]], 1.0)
     assert r.retention[0, 1].sum() == pytest.approx(2 * 0.5)   # the model-wide top half of layer 1's slots
+
+
+def test_kvzip_teacher_keeps_window_layers_whole():
+    """KVzip's teacher pass on a hybrid model (window 4, chunks of 4 past it): window layers are not
+    scored and keep everything; layer 1 keeps the ratio's share of a model-scope selection."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from tangram_sglang.calibration.kvzip_teacher import kvzip_sample
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+                           sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                           max_position_embeddings=128)
+    gemma = Gemma3ForCausalLM._from_config(cfg, attn_implementation=register_capture_attention()).eval()
+
+    class Tok:
+        def apply_chat_template(self, msgs, add_generation_prompt=True, tokenize=True):
+            return [2, 5, 6, 7]
+
+    sample = PilotSample(source="needle", kind="passkey", label="x", token_ids=tuple(range(8, 20)))
+    r = kvzip_sample(gemma, Tok(), sample, chunk_size=4, ratios=(0.5,), gate_rows=4, scope="model")
+    np.testing.assert_allclose(r.retention[0, [0, 2]], 1.0)
+    assert r.retention[0, 1].sum() == pytest.approx(2 * 0.5) and r.hidden.shape[:2] == (3, 4)

@@ -10,7 +10,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from tangram_sglang.calibration.capture import hidden_inputs, register_capture_attention
 from tangram_sglang.calibration.gate_training import gate_ranking, topk_recall, train_gates
-from tangram_sglang.scorers.kvzip.calibration import chunk_scores, kvzip_sample
+from tangram_sglang.calibration.kvzip_teacher import chunk_scores, kvzip_sample
 from tangram_sglang.calibration.samples import PilotSample
 from tangram_sglang.profile import ProfileError
 from tangram_sglang.scorers import ScorerState

@@ -15,7 +15,10 @@ group, of the softmax attention paid to t, the softmax taken over the sinks
 as KVzip does. Scores are float32 [H, n] per layer, in (0, 1].
 
 The same pass records, for gate training, the layer's input hidden states
-(after its input norm) of a random subset of the chunk's tokens.
+(after its input norm) of a random subset of the chunk's tokens. A sliding-window
+layer (hybrid models) keeps every token: it is not scored (its scores are 1; HF's
+cache holds only its window) and the retention's selection spans the full-attention
+layers only.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 from tangram_sglang.calibration.capture import CAPTURE_IMPL, attention_modules, capturing, hidden_inputs
+from tangram_sglang.profile import ModelShape
 from tangram_sglang.scorers.selection import scoped_topk_counts
 
 REPEAT_PROMPT = "Repeat the previous context exactly."
@@ -108,6 +112,8 @@ def kvzip_sample(model, tokenizer, sample, *, chunk_size: int = 512, ratios: tup
     layer_scores: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
     predicted: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
     cache = DynamicCache(config=model.config)
+    cache.activate_past_recording()   # window layers' caches can then drop the reconstruction tokens
+    windows = ModelShape.from_hf_config(model.config).windows
     chunks = [(s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
     for s, e in chunks:
         keep = torch.as_tensor(rows[(rows >= s) & (rows < e)] - s)
@@ -121,26 +127,31 @@ def kvzip_sample(model, tokenizer, sample, *, chunk_size: int = 512, ratios: tup
             model(input_ids=torch.tensor([ids[s:e]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
 
         def score(layer, query, key, value, s=s, e=e):
-            layer_scores[layer].append(chunk_scores(query, key, s, e))
+            whole = windows[layer] > 0   # a window layer keeps every token
+            layer_scores[layer].append(torch.ones(key.shape[1], e - s) if whole else chunk_scores(query, key, s, e))
 
         recon = prefix + (ids[max(0, s - resume_tokens):s] if resume_tokens else []) + ids[s:e]
         with capturing(model, score):
             model(input_ids=torch.tensor([recon]), past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache.crop(-len(recon))  # drop the reconstruction tokens: back to e entries
     scores = [torch.cat(per_layer, dim=1) for per_layer in layer_scores]
-    retention = _retention(scores, chunks, ratios, n, scope)
+    retention = _retention(scores, chunks, ratios, n, scope, windows)
     return KVzipSample(source=sample.source, kind=sample.kind, num_tokens=n, scores=scores, chunks=chunks,
                        rows=torch.as_tensor(rows, dtype=torch.int64),
                        hidden=torch.stack([torch.cat(h) for h in hidden_rows]),
                        retention=retention, gate_scores=[torch.cat(p, dim=1) for p in predicted if p])
 
 
-def _retention(scores: list[torch.Tensor], chunks, ratios, n: int, scope: str = "layer") -> np.ndarray:
-    """Per-head share kept by the global top-k of each chunk (of this scope): float64 [R, L, H]."""
-    out = np.zeros((len(ratios), len(scores), scores[0].shape[0]))
+def _retention(scores: list[torch.Tensor], chunks, ratios, n: int, scope: str = "layer",
+               windows: tuple[int, ...] = ()) -> np.ndarray:
+    """Per-head share kept by the global top-k of each chunk (of this scope, over the full-attention
+    layers; window layers keep everything): float64 [R, L, H]."""
+    full = [layer for layer in range(len(scores)) if not (windows and windows[layer])]
+    out = np.full((len(ratios), len(scores), scores[0].shape[0]), float(n))
+    out[:, full] = 0.0
     for s, e in chunks:
         for i, r in enumerate(ratios):
-            out[i] += scoped_topk_counts([sc[:, s:e] for sc in scores], r, scope).numpy()
+            out[i][full] += scoped_topk_counts([scores[layer][:, s:e] for layer in full], r, scope).numpy()
     return out / float(n)
 
 
