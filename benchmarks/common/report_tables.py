@@ -433,6 +433,18 @@ def tp_table() -> list[str]:
     return table(["model, scorer (ratio 0.25)", "H_p", "TP=1", "TP=2", "TP=4", "TP=8"], out)
 
 
+def paper_models_table() -> list[str]:
+    out = []
+    for r in rows_of("modeled/paper_models.json"):
+        layers = f"{r['layers']} ({r['window_layers']} x {r['window']})" if r["window_layers"] else str(r["layers"])
+        out.append([f"{r['model']} ({r['scorer']})", layers, f"{r['kv_heads']} x {r['head_dim']}", f"{r['stock']:,}",
+                    f"{r['ratio']:g}", f"{r['tangram']:,}", times(r["tangram"] / r["stock"]), f"{r['bounded']:,}",
+                    times(r["bounded"] / r["stock"]), r["served"]])
+    return table(["model (profile)", "layers (window)", "KV heads x d", "stock B/token", "ratio",
+                  "Tangram as served", "vs stock", "bounded windows (not built)", "vs stock",
+                  "served with a profile"], out)
+
+
 # ---------------------------------------------------------------- README's key results
 
 def link(name: str) -> str:
@@ -519,6 +531,8 @@ DOC_BLOCKS = {
     "load-balance": load_balance_table,
     "memory-reclaim": reclaim_table,
     "tp-memory": tp_table,
+    "fidelity-gemma": lambda: fidelity_table("fidelity/fidelity_gemma.json"),
+    "paper-models": paper_models_table,
 }
 
 
