@@ -433,9 +433,10 @@ def tp_table() -> list[str]:
     return table(["model, scorer (ratio 0.25)", "H_p", "TP=1", "TP=2", "TP=4", "TP=8"], out)
 
 
-def paper_models_table() -> list[str]:
+def paper_models_table(data: list[dict] | None = None) -> list[str]:
+    """The rows of benchmarks/modeled/paper_models (default: its results file)."""
     out = []
-    for r in rows_of("modeled/paper_models.json"):
+    for r in rows_of("modeled/paper_models.json") if data is None else data:
         layers = f"{r['layers']} ({r['window_layers']} x {r['window']})" if r["window_layers"] else str(r["layers"])
         out.append([f"{r['model']} ({r['scorer']})", layers, f"{r['kv_heads']} x {r['head_dim']}", f"{r['stock']:,}",
                     f"{r['ratio']:g}", f"{r['tangram']:,}", times(r["tangram"] / r["stock"]), f"{r['bounded']:,}",

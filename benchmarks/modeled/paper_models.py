@@ -23,6 +23,7 @@ import argparse
 import os
 
 from benchmarks.common.paths import ROOT, result_path
+from benchmarks.common.report_tables import paper_models_table
 from benchmarks.common.results import write_json, write_markdown
 from benchmarks.common.stamp import stamp
 from tangram_sglang.profile import ModelShape, load_profile
@@ -70,18 +71,6 @@ def rows(history: int, chunk: int, kv_bytes: int) -> list[dict]:
     return out
 
 
-def table(data: list[dict]) -> list[str]:
-    lines = ["| model (profile) | layers (window) | KV heads x d | stock B/token | ratio | Tangram served B/token "
-             "| vs stock | bounded windows B/token | vs stock | served with a profile |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in data:
-        win = f"{r['layers']} ({r['window_layers']} x {r['window']})" if r["window_layers"] else str(r["layers"])
-        lines.append(f"| {r['model']} ({r['scorer']}) | {win} | {r['kv_heads']} x {r['head_dim']} | "
-                     f"{r['stock']:,} | {r['ratio']:g} | {r['tangram']:,} | {r['tangram'] / r['stock']:.2f}x | "
-                     f"{r['bounded']:,} | {r['bounded'] / r['stock']:.2f}x | {r['served']} |")
-    return lines
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--history", type=int, default=16384, help="tokens of history (window layers' share)")
@@ -98,7 +87,7 @@ def main(argv=None) -> None:
         f"History of {args.history:,} tokens, {args.kv_bytes}-byte KV values, chunk {args.chunk}; profiles "
         "configs/reference/ (the authors' retention data rescaled to each ratio, groups of 4 heads), checked "
         "against configs/models/. Modeled from the profiles' reservations: protection, page rounding and decode "
-        "tokens are not counted.", "", *table(data)], run))
+        "tokens are not counted.", "", *paper_models_table(data)], run))
 
 
 if __name__ == "__main__":

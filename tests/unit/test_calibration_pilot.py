@@ -92,10 +92,8 @@ def test_pilot_config_and_cli_errors(tmp_path, capsys):
     assert "--default-ratio 0.25" in capsys.readouterr().err
 
 
-def test_pilot_keeps_window_layers_whole_and_selects_over_full_layers():
-    """A tiny random Gemma 3 (layers 0 and 2 attend to a window): its window layers are not scored
-    and count every token as kept; a model-scope selection spans only layer 1, so layer 1 keeps
-    the ratio's share exactly."""
+def tiny_gemma():
+    """A tiny random Gemma 3 whose layers 0 and 2 attend to a 4-token window, with capture attention."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(0)
@@ -103,7 +101,14 @@ def test_pilot_keeps_window_layers_whole_and_selects_over_full_layers():
                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
                            sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                            max_position_embeddings=128)
-    gemma = Gemma3ForCausalLM._from_config(cfg, attn_implementation=register_capture_attention()).eval()
+    return Gemma3ForCausalLM._from_config(cfg, attn_implementation=register_capture_attention()).eval()
+
+
+def test_pilot_keeps_window_layers_whole_and_selects_over_full_layers():
+    """A tiny random Gemma 3 (layers 0 and 2 attend to a window): its window layers are not scored
+    and count every token as kept; a model-scope selection spans only layer 1, so layer 1 keeps
+    the ratio's share exactly."""
+    gemma = tiny_gemma()
     sample = PilotSample(source="needle", kind="passkey", label="x", token_ids=tuple(range(2, 14)))
     r = run_sample(gemma, sample, get_scorer("snapkv"), PilotConfig(ratios=(0.5,), chunk_size=4, scope="model"))
     assert r.retention.shape == (1, 3, 2)
@@ -114,16 +119,9 @@ def test_pilot_keeps_window_layers_whole_and_selects_over_full_layers():
 def test_kvzip_teacher_keeps_window_layers_whole():
     """KVzip's teacher pass on a hybrid model (window 4, chunks of 4 past it): window layers are not
     scored and keep everything; layer 1 keeps the ratio's share of a model-scope selection."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
     from tangram_sglang.calibration.kvzip_teacher import kvzip_sample
 
-    torch.manual_seed(0)
-    cfg = Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
-                           sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                           max_position_embeddings=128)
-    gemma = Gemma3ForCausalLM._from_config(cfg, attn_implementation=register_capture_attention()).eval()
+    gemma = tiny_gemma()
 
     class Tok:
         def apply_chat_template(self, msgs, add_generation_prompt=True, tokenize=True):
