@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the test suite: bash launch/test.sh [pytest args]
 #
-# Without arguments, the whole suite on both cores: the unit tier (no server, no weights), then the tiers
-# that load models and start servers, one test file per worker at a time (a file's servers keep their
-# fixed ports; the upstream tier's files share one server, so they run on one worker: tests/conftest.py).
-# Fails when any test fails. With arguments, one pytest run of them (`-m unit`: the fast tier).
+# Without arguments, the whole suite: the unit tier (no server, no weights) on both cores, then the
+# tiers that load models and start servers one test at a time (an idle SGLang scheduler busy-polls a
+# core). Fails when any test fails. With arguments, one pytest run of them (`-m unit`: the fast tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh
@@ -16,5 +15,5 @@ if [ $# -gt 0 ]; then
 fi
 rc=0
 "${PYTEST[@]}" -m unit -n 2 --durations=10 || rc=$?
-"${PYTEST[@]}" -m "not unit" -n 2 --dist loadgroup --durations=25 || rc=$?
+"${PYTEST[@]}" -m "not unit" --durations=25 || rc=$?
 exit $rc

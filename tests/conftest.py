@@ -32,9 +32,6 @@ def pytest_collection_modifyitems(config, items):
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: tests live in one of the tier folders {TIERS}")
         item.add_marker(tier)
-        # `-n 2 --dist loadgroup` (launch/test.sh): one file's tests on one worker (its module-scoped
-        # server and fixed port), the upstream tier's tests together (they share one server).
-        item.add_marker(pytest.mark.xdist_group("upstream" if tier == "upstream" else item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,8 @@ NO_HOOK = 3               # this step runs without the runner hook: the backend 
 def served(graph: bool, plane: str = "triton"):
     serving = served_pool(PROFILE, "cpu", data_plane=plane)
     alloc = TangramAllocator(1 << 16, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
-    runner = SimpleNamespace(token_to_kv_pool_allocator=alloc, device="cpu", model=None,
+    # model: no attention layers (nothing for the backend to check or route at start)
+    runner = SimpleNamespace(token_to_kv_pool_allocator=alloc, device="cpu", model=torch.nn.Module(),
                              req_to_token_pool=SimpleNamespace(size=ROWS),
                              model_config=SimpleNamespace(context_len=CONTEXT))
     backend = TangramAttnBackend(runner)
