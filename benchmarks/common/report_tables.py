@@ -442,7 +442,7 @@ def paper_models_table(data: list[dict] | None = None) -> list[str]:
                     f"{r['ratio']:g}", f"{r['tangram']:,}", times(r["tangram"] / r["stock"]), f"{r['bounded']:,}",
                     times(r["bounded"] / r["stock"]), r["served"]])
     return table(["model (profile)", "layers (window)", "KV heads x d", "stock B/token", "ratio",
-                  "Tangram as served", "vs stock", "bounded windows (not built)", "vs stock",
+                  "Tangram, reserved", "vs stock", "Tangram, held (windows bounded)", "vs stock",
                   "served with a profile"], out)
 
 

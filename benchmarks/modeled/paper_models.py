@@ -7,9 +7,10 @@ bf16 KV (``--kv-bytes`` per value):
 
 - stock: every layer stores every token, except where SGLang 0.5.23 serves the model from its hybrid
   SWA pool (gpt-oss): its window layers hold their window, min(N, W) / N per token;
-- Tangram as served: a full-attention layer's group g stores beta_g x H_p head slots per token (what
-  admission reserves); a window layer keeps every token (dense, like stock Gemma 3);
-- Tangram with bounded windows (docs/hybrid.md part 2, not built): window layers at min(N, W + chunk) / N.
+- Tangram, reserved: a full-attention layer's group g stores beta_g x H_p head slots per token (what
+  admission reserves); a window layer reserves every new token (dense, like stock Gemma 3);
+- Tangram, held: what a stored history holds once the tree's interior nodes dropped their window pages
+  (docs/hybrid.md): window layers at min(N, W + chunk) / N.
 
 Protection of sinks and each turn's newest tokens, page rounding and decode tokens add to Tangram's
 figure in serving (docs/results.md measures them on the small models).
@@ -33,14 +34,14 @@ STOCK_SWA = {"GptOssForCausalLM"}  # SGLang 0.5.23's is_hybrid_swa_model among t
 SERVED = {  # with a profile today (tangram_sglang/sglang/compatibility.py, model_writes.py)
     "LlamaForCausalLM": "yes",
     "Qwen3ForCausalLM": "yes",
-    "Gemma3ForConditionalGeneration": "yes, text (window layers dense; multimodal inputs refused)",
-    "GptOssForCausalLM": "no: hybrid SWA pool and learned attention sinks",
+    "Gemma3ForConditionalGeneration": "yes, text (multimodal inputs refused)",
+    "GptOssForCausalLM": "no: learned attention sinks",
     "Qwen3MoeForCausalLM": "yes (fused set-KV writes routed through the backend)",
 }
 
 
 def per_token(shape: ModelShape, entry, hpg: int, history: int, chunk: int, kv_bytes: int) -> dict:
-    """Bytes per history token: stock, Tangram as served, Tangram with bounded windows."""
+    """Bytes per history token: stock, Tangram reserved, Tangram held (windows bounded)."""
     head = 2 * shape.head_dim * kv_bytes                     # K and V of one head, one token
     dense_layer = shape.num_kv_heads * head
     windows = shape.windows

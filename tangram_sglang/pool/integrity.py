@@ -9,8 +9,10 @@
 4. Reservations: per request reserved_left >= 0, taken + reserved_left == plan pages while
    inside the plan and at most 1 (the next decode step's page, reserve_decode_step) past it,
    sum of reserved_left == pool.reserved; npages == ceil(lens / P).
-5. Arena: every live request has its own slot of the cache's PageArena, none of them free.
-6. Counters: the segment store's per-page references and pages held match its segments.
+5. Windows: a request's columns [0, dead[v]) are -1 and [dead[v], npages[v]) live, dead[v] == 0
+   outside sliding-window layers; a segment's dead columns (-1) lie in window layers only.
+6. Arena: every live request has its own slot of the cache's PageArena, none of them free.
+7. Counters: the segment store's per-page references and pages held match its segments.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from tangram_sglang.pool.request_pages import ragged_index
 from tangram_sglang.pool.spec import PoolError
 
 
-def _check_request(rid, req, P: int) -> np.ndarray:
-    """Checks one request; returns the page ids it may write."""
+def _check_request(rid, req, P: int, window: np.ndarray) -> np.ndarray:
+    """Checks one request (window bool [V]: sliding-window rows); returns the page ids it may write."""
     pages = req.pages
     held = pages.held()
     if np.unique(held).size != held.size:
@@ -36,19 +38,28 @@ def _check_request(rid, req, P: int) -> np.ndarray:
         raise PoolError(f"request {rid!r}: taken + reserved_left != reserved pages")
     if np.any(req.reserved_left[~inside] > 1):  # past its plan: at most the next decode step's page
         raise PoolError(f"request {rid!r}: more than one page reserved past its plan")
+    rows, pos = ragged_index(pages.npages)
+    if np.any((pages.pages[rows, pos] < 0) != (pos < pages.dead[rows])) or np.any(pages.dead[~window] != 0):
+        raise PoolError(f"request {rid!r}: dead columns are not exactly its window columns [0, dead)")
     first = req.plan.prefix_slots // P
     counts = np.maximum(pages.npages - first, 0)
     rows, pos = ragged_index(counts)
-    return pages.pages[rows, first[rows] + pos].astype(np.int64)
+    ids = pages.pages[rows, first[rows] + pos].astype(np.int64)
+    return ids[ids >= 0]
 
 
 def check_cache_integrity(cache) -> None:
     pool, P = cache.pool, cache.spec.page_size
     pool.check_integrity()
     writable, refs = [], [cache.store.held().astype(np.int64)]
+    window = cache.window > 0
     for seg in cache.store.segments.values():
-        if np.unique(seg.page_ids).size != seg.page_ids.size:
+        live = seg.page_ids[seg.page_ids >= 0]
+        if np.unique(live).size != live.size:
             raise PoolError(f"segment {seg.seg_id}: a page appears twice")
+        rows, _ = ragged_index(seg.page_counts)
+        if np.any((seg.page_ids < 0) & ~window[rows]):
+            raise PoolError(f"segment {seg.seg_id}: a dead column outside the sliding-window layers")
     slots = [req.pages.slot for req in cache.requests.values()]
     if len(set(slots)) != len(slots) or set(slots) & set(cache.arena.free_slots):
         raise PoolError("two live requests share an arena slot, or a live request's slot is free")
@@ -56,7 +67,7 @@ def check_cache_integrity(cache) -> None:
         raise PoolError("a request's pages live outside the cache's arena")
     reserved = 0
     for rid, req in cache.requests.items():
-        writable.append(_check_request(rid, req, P))
+        writable.append(_check_request(rid, req, P, window))
         refs.append(req.pages.held().astype(np.int64))
         reserved += int(req.reserved_left.sum())
     tree_refs = np.bincount(refs[0], minlength=pool.num_pages)

@@ -31,6 +31,15 @@ and nobody wrote past that point (pool.fill), the request claims the page and
 appends in place; otherwise it appends to a fresh copy of that page
 (Admission.copy_src -> copy_dst, which the data plane copies before the first
 write). Both keep slots dense: slot s of v is page pages[v, s // P], offset s % P.
+
+Sliding-window layers (``windows``: per layer its window W, 0 for full attention) keep every
+token, so a slot is a position, and a query at position q reads slots q - W + 1 .. q. Their
+pages that lie wholly before the window of every query still to come are released as the
+request runs (at each prefill chunk and decode step: ``window_dead``), published segments
+leave out the columns before their own end's window, and the tree drops more of them with
+``drop_window_columns``, checking ``window_ready`` before it lets a match end somewhere.
+The reservation still counts every page the request takes (a released page may still be
+held by the tree, so it cannot be promised again); what is bounded is what is held.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ import numpy as np
 from tangram_sglang.pool.batch_memo import BatchMemo
 from tangram_sglang.pool.page_pool import PagePool
 from tangram_sglang.pool.records import Admission, ChunkWrite, DecodeStep, PoolUsage, RequestRecord
-from tangram_sglang.pool.request_pages import PageArena, RequestPages, div_mod, fast_mod
+from tangram_sglang.pool.request_pages import PageArena, RequestPages, div_mod, fast_mod, ragged_index
 from tangram_sglang.pool.reservation import plan_reservation
 from tangram_sglang.pool.segments import Segment, SegmentStore, assemble, page_columns
 from tangram_sglang.pool.spec import PoolError, PoolSpec, RequestTooLargeError
@@ -61,13 +70,28 @@ class _StepPages:
     at: np.ndarray
 
 
+def window_dead(lens: np.ndarray, window: np.ndarray, page_size: int) -> np.ndarray:
+    """Columns no query at position >= lens reads in a layer of the given window (0: full
+    attention, none): those wholly before slot lens - window + 1. int64, lens' shape."""
+    lens, window = np.asarray(lens, np.int64), np.asarray(window, np.int64)
+    return np.where(window > 0, np.maximum(0, (lens - window + 1) // page_size), 0)
+
+
 class RaggedKVCache:
-    def __init__(self, spec: PoolSpec, group_budget: np.ndarray):
+    def __init__(self, spec: PoolSpec, group_budget: np.ndarray, windows=None):
+        """windows: per layer its sliding window, 0 for full attention (default: all full)."""
         beta = np.asarray(group_budget, dtype=np.float64)
         if beta.shape != (spec.num_layers, spec.num_groups):
             raise ValueError(f"group_budget has shape {beta.shape}, the pool is [{spec.num_layers}, {spec.num_groups}]")
+        windows = np.zeros(spec.num_layers, np.int64) if windows is None else np.asarray(windows, np.int64)
+        if windows.shape != (spec.num_layers,) or np.any(windows < 0):
+            raise ValueError(f"windows must give each of the {spec.num_layers} layers a window >= 0, got {windows}")
+        if np.any(beta[windows > 0] < 1.0):
+            raise ValueError("a sliding-window layer must keep every token (group budget 1.0)")
         self.spec = spec
         self.beta = beta.ravel()
+        self.window = np.repeat(windows, spec.num_groups)  # int64 [V]
+        self.window_rows = np.flatnonzero(self.window)
         self.pool = PagePool(spec.num_pages, spec.page_size)
         self.store = SegmentStore(self.pool, spec.page_size)
         self.requests: dict[object, RequestRecord] = {}
@@ -80,7 +104,7 @@ class RaggedKVCache:
     def from_profile(cls, profile, *, page_size: int, num_pages: int, ratio: float | None = None,
                      dtype: str = "float32") -> "RaggedKVCache":
         spec = PoolSpec.from_profile(profile, page_size=page_size, num_pages=num_pages, dtype=dtype)
-        return cls(spec, profile.select(ratio).group_budget)
+        return cls(spec, profile.select(ratio).group_budget, windows=profile.model.windows)
 
     def _req(self, rid) -> RequestRecord:
         if rid not in self.requests:
@@ -99,6 +123,7 @@ class RaggedKVCache:
         for seg in prefix:
             self.store.get(seg.seg_id)  # raises PoolError if it was evicted
         table, npages, lens = assemble(list(prefix), V, P)
+        dead = self._prefix_window(rid, table, npages, lens)
         last = np.take_along_axis(table, np.maximum(npages - 1, 0)[:, None], axis=1)[:, 0].astype(np.int64)
         partial = lens % P != 0
         in_place = partial & (self.pool.fill[last] == lens % P)
@@ -114,12 +139,49 @@ class RaggedKVCache:
         copy = partial & ~in_place
         pages = RequestPages(V, P, capacity=int(plan.prefill_slots.max(initial=0) // P + 2), arena=self.arena)
         pages.set_prefix(table, np.where(copy, npages - 1, npages), lens)
+        pages.dead = dead
         self.pool.incref(pages.held())
         self.pool.fill[last[in_place]] = P
         req = RequestRecord(pages, plan, prefix, prefix_node)
         self.requests[rid] = req
         dst = self._take(req, copy.astype(np.int64))
         return Admission(plan=plan, copy_src=last[copy], copy_dst=dst.astype(np.int64))
+
+    def _prefix_window(self, rid, table: np.ndarray, npages: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """Window rows of a prefix table: columns before the window of the request's first query
+        become -1 (it holds no reference on them); the rest must be live. Returns dead [V]."""
+        dead = window_dead(lens, self.window, self.spec.page_size)
+        if not self.window_rows.size:
+            return dead
+        cols = np.arange(table.shape[1])[None, :]
+        table[cols < dead[:, None]] = -1
+        if np.any((table < 0) & (cols >= dead[:, None]) & (cols < npages[:, None])):
+            raise PoolError(f"request {rid!r}: its prefix lacks window pages it reads (check window_ready first)")
+        return dead
+
+    def window_ready(self, chain) -> bool:
+        """Whether a match may end where the chain (segments, root first) ends: every window
+        layer still holds the pages the next query reads."""
+        if not self.window_rows.size or not chain:
+            return True
+        table, npages, lens = assemble(list(chain), self.spec.num_virtual, self.spec.page_size)
+        dead = window_dead(lens, self.window, self.spec.page_size)
+        cols = np.arange(table.shape[1])[None, :]
+        return not np.any((table < 0) & (cols >= dead[:, None]) & (cols < npages[:, None]))
+
+    def drop_window_columns(self, seg_id: int, later_end: np.ndarray) -> int:
+        """Drop a tree segment's window columns that no query at or after slot later_end [V]
+        reads (the tree passes its children's earliest end: no match will end at the segment
+        itself any more). Returns the pages this freed."""
+        if not self.window_rows.size:
+            return 0
+        return self.store.drop_columns(seg_id, window_dead(later_end, self.window, self.spec.page_size))
+
+    def _trim(self, req: RequestRecord) -> None:
+        """Release the request's window columns its next query (at lens) no longer reads."""
+        if self.window_rows.size:
+            pages = req.pages
+            self.pool.decref(pages.drop_front(window_dead(pages.lens, self.window, self.spec.page_size)))
 
     def _take(self, req: RequestRecord, counts: np.ndarray, unreserved_ok: bool = False) -> np.ndarray:
         """Take counts[v] pages for req (from its reservation first) and append them."""
@@ -142,6 +204,7 @@ class RaggedKVCache:
             nxt = planned[k] if k < len(planned) else "none (prefill is complete)"
             raise PoolError(f"request {rid!r}: prefill chunk of {num_tokens} tokens, but the planned next chunk is {nxt}")
         counts = req.plan.chunk_slots[k]
+        self._trim(req)
         self._take(req, req.pages.pages_needed(req.pages.lens + counts))
         pages, offset = req.pages.chunk_pages(counts)
         req.pages.advance(counts)
@@ -210,9 +273,30 @@ class RaggedKVCache:
         A.reserved_left.reshape(-1).put(at, left - from_res)
         lens += 1
         A.lens[slots] = lens
+        if self.window_rows.size:
+            self._trim_batch(slots, lens - 1)
         opened = np.stack([b, v, ids.astype(np.int64)], axis=1)
         width = -(-int(lens.max(initial=0)) // P)               # npages == ceil(lens / P)
         return DecodeStep(opened=opened, width=max(1, width))
+
+    def _trim_batch(self, slots: np.ndarray, query_pos: np.ndarray) -> None:
+        """Release the window columns the batch's queries (at query_pos [B, V]) read no more."""
+        A, rows = self.arena, self.window_rows
+        upto = window_dead(query_pos[:, rows], self.window[rows], self.spec.page_size)
+        dead = A.dead[slots][:, rows]
+        b, r = np.nonzero(upto > dead)
+        if not b.size:
+            return
+        counts = (upto - dead)[b, r]
+        which, pos = ragged_index(counts)
+        sb, sv = slots[b][which], rows[r][which]
+        cols = dead[b, r][which] + pos
+        ids = A.pages[sb, sv, cols]
+        A.pages[sb, sv, cols] = -1
+        A.dead[slots[b], rows[r]] = upto[b, r]
+        ids, refs = np.unique(ids[ids >= 0], return_counts=True)  # requests sharing a prefix page
+        for k in range(int(refs.max(initial=0))):               # each drop their reference on it
+            self.pool.decref(ids[refs > k])
 
     def _decode_slots(self, rids) -> np.ndarray:
         """Arena slots of a decoding batch, int64 [B]; raises PoolError unless every rid is
@@ -254,11 +338,20 @@ class RaggedKVCache:
         for end, ntok, compressed in spans:
             first, stop = page_columns(start, end, self.spec.page_size)
             counts, ids = req.pages.pages_from(first, stop)
+            if self.window_rows.size:  # leave out window columns no match at or after end reads
+                ids = self._before_window(ids, counts, first, end)
             segs.append(self.store.add(num_tokens=ntok, compressed=compressed, start=start,
                                        end=end, page_counts=counts, page_ids=ids))
             start = end
         pub.chunks, pub.end = len(req.chunk_ends), np.asarray(start, dtype=np.int64).copy()
         return segs
+
+    def _before_window(self, ids: np.ndarray, counts: np.ndarray, first: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """ids (ordered by v, counts [V] from column first [V]) with the window columns wholly
+        before end's window set to -1."""
+        rows, pos = ragged_index(counts)
+        dead = window_dead(end, self.window, self.spec.page_size)
+        return np.where(first[rows] + pos < dead[rows], -1, ids).astype(np.int32)
 
     def release(self, rid) -> None:
         """Drop the request's references and leftover reservation; published segments stay."""
@@ -270,6 +363,7 @@ class RaggedKVCache:
         P = self.spec.page_size
         col = data_end // P
         mine = (data_end % P != 0) & (col >= req.plan.prefix_slots // P) & (col < req.pages.npages)
+        mine &= col >= req.pages.dead  # a released window column is no longer the request's to mark
         rows = np.flatnonzero(mine)
         self.pool.fill[req.pages.pages[rows, col[rows]]] = (data_end % P)[rows]
         self.pool.unreserve(int(req.reserved_left.sum()))

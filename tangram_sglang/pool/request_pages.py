@@ -13,6 +13,10 @@ fresh after an append (the arena may grow), and assign them (npages, lens) to wr
 Invariant kept by every caller: npages == ceil(lens / P) once a write is done
 (pages are appended just before the slots that need them).
 
+A sliding-window layer's columns below its window are released while the request runs
+(RaggedKVCache trims them): page id -1 inside [:npages] marks such a dead column, and
+``dead[v]`` counts them (columns [0, dead[v]) of row v are -1). Slots keep their positions.
+
 Worked example, P=2, V=2: append(counts=[2, 1], ids=[7, 3, 9]) gives
 pages [[7, 3], [9, -1]]; advance([3, 1]) gives lens [3, 1];
 slot_locs(counts=[3, 1]) from lens [0, 0] -> [[14, 15, 6], [18, -1, -1]]
@@ -69,10 +73,10 @@ def flat_slot_locs(pages: np.ndarray, offset: np.ndarray, counts: np.ndarray, pa
 
 class PageArena:
     """Per-request arrays of many requests, one slot each: pages int32 [S, V, capacity] (-1
-    padded), npages, lens, reserved_left, taken int32 [S, V]. Slots are reused; S and capacity
-    grow by doubling."""
+    padded), npages, lens, reserved_left, taken, dead int32 [S, V]. Slots are reused; S and
+    capacity grow by doubling."""
 
-    FIELDS = ("npages", "lens", "reserved_left", "taken")
+    FIELDS = ("npages", "lens", "reserved_left", "taken", "dead")
 
     def __init__(self, num_virtual: int, slots: int = 4, capacity: int = 4):
         self.num_virtual = num_virtual
@@ -144,6 +148,7 @@ class RequestPages:
     pages = ArenaField()
     npages = ArenaField()
     lens = ArenaField()
+    dead = ArenaField()
 
     def slot_pages(self) -> "RequestPages":
         return self
@@ -214,9 +219,21 @@ class RequestPages:
         self.lens = new
 
     def held(self) -> np.ndarray:
-        """All page ids in the lists, ordered by v. int32 [sum(npages)]."""
+        """All live page ids in the lists (dead columns skipped), ordered by v. int32."""
         rows, pos = ragged_index(self.npages)
-        return self.pages[rows, pos]
+        ids = self.pages[rows, pos]
+        return ids[ids >= 0]
+
+    def drop_front(self, upto: np.ndarray) -> np.ndarray:
+        """Mark columns [dead[v], upto[v]) dead (-1); returns their live page ids, ordered by v
+        (the caller drops its references). upto int [V], never past npages."""
+        counts = np.maximum(0, np.minimum(np.asarray(upto, np.int64), self.npages) - self.dead)
+        rows, pos = ragged_index(counts)
+        cols = self.dead[rows] + pos
+        ids = self.pages[rows, cols]
+        self.pages[rows, cols] = -1
+        self.dead = self.dead + counts
+        return ids[ids >= 0]
 
     def pages_from(self, first: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Page ids of columns [first[v], stop[v]) per v: (counts [V], ids ordered by v)."""

@@ -12,6 +12,11 @@ Every segment holds one reference per page (PagePool refcount), so evicting a
 segment frees exactly the pages nothing else holds, and a request reading a
 prefix holds its own references: eviction never pulls pages from under it.
 
+A sliding-window layer's columns that no reader can need any more are dead: page id -1
+in page_ids (the segment holds no reference on them). A segment is published without the
+window columns that lie wholly before its own end's window, and the tree can drop more of
+them (drop_columns) once no match may end at the segment itself.
+
 Worked example, P=4, one v: segment A slots [0, 6) pages [5, 8]; segment B
 (extends A in place) slots [6, 9) columns [1, 3) pages [8, 2]. assemble([A, B])
 -> pages [5, 8, 2], lens 9. Page 8 has refcount 2 (A and B).
@@ -91,10 +96,11 @@ class SegmentStore:
                       start_slots=np.asarray(start, np.int64).copy(), end_slots=np.asarray(end, np.int64).copy(),
                       page_counts=np.asarray(page_counts, np.int64).copy(),
                       page_ids=np.asarray(page_ids, np.int32).copy())
-        self.pool.incref(seg.page_ids)
+        live = seg.page_ids[seg.page_ids >= 0]
+        self.pool.incref(live)
         self.segments[seg.seg_id] = seg
-        self.refs[seg.page_ids] += 1  # ids are unique within a segment
-        self.pages_held += int((self.refs[seg.page_ids] == 1).sum())
+        self.refs[live] += 1  # ids are unique within a segment
+        self.pages_held += int((self.refs[live] == 1).sum())
         return seg
 
     def get(self, seg_id: int) -> Segment:
@@ -106,9 +112,24 @@ class SegmentStore:
         """Drop the segment; returns the number of pages this freed (held by nothing else)."""
         seg = self.get(seg_id)
         del self.segments[seg_id]
-        self.refs[seg.page_ids] -= 1
-        self.pages_held -= int((self.refs[seg.page_ids] == 0).sum())
-        return self.pool.decref(seg.page_ids)
+        return self._unref(seg.page_ids[seg.page_ids >= 0])
+
+    def _unref(self, live: np.ndarray) -> int:
+        self.refs[live] -= 1
+        self.pages_held -= int((self.refs[live] == 0).sum())
+        return self.pool.decref(live)
+
+    def drop_columns(self, seg_id: int, dead: np.ndarray) -> int:
+        """Drop the segment's references on its columns below dead[v] (chain columns, int [V]);
+        those become -1. Returns the pages this freed."""
+        seg = self.get(seg_id)
+        rows, pos = ragged_index(seg.page_counts)
+        hit = (seg.first_columns(self.page_size)[rows] + pos < np.asarray(dead, np.int64)[rows]) & (seg.page_ids >= 0)
+        if not hit.any():
+            return 0
+        live = seg.page_ids[hit].copy()
+        seg.page_ids[hit] = -1  # the frozen record's array: every holder of this segment sees it
+        return self._unref(live)
 
     def split(self, seg_id: int, num_tokens: int) -> tuple[Segment, Segment]:
         """Split an uncompressed segment after num_tokens tokens (for a match ending inside it).
@@ -135,7 +156,8 @@ class SegmentStore:
         return parts[0], parts[1]
 
     def held(self) -> np.ndarray:
-        """Page ids referenced by segments, one entry per reference. int32."""
+        """Page ids referenced by segments, one entry per reference (dead columns skipped). int32."""
         if not self.segments:
             return np.zeros(0, dtype=np.int32)
-        return np.concatenate([s.page_ids for s in self.segments.values()])
+        ids = np.concatenate([s.page_ids for s in self.segments.values()])
+        return ids[ids >= 0]

@@ -146,7 +146,8 @@ class DeviceBlockTables:
             raise PoolError("device block tables: the graph scratch row holds slots")
 
     def check(self, row: int, host: RequestPages) -> None:
-        """Raise PoolError if the device row differs from the host pool's pages or lens."""
+        """Raise PoolError if the device row differs from the host pool's pages or lens. A window
+        layer's released columns (-1 on the host) are not mirrored: no query reads them."""
         n = host.npages
         width = int(n.max(initial=0))
         lens = self.lens[row].cpu().numpy()
@@ -155,7 +156,7 @@ class DeviceBlockTables:
         if width > self.pages.shape[3]:
             raise PoolError(f"device block table row {row}: {width} pages on the host, room for {self.pages.shape[3]}")
         dev = self.pages[:, row, :, :width].reshape(self.num_virtual, width).cpu().numpy()
-        held = np.arange(width)[None, :] < n[:, None]
+        held = (np.arange(width)[None, :] < n[:, None]) & (host.pages[:, :width] >= 0)
         if not np.array_equal(dev[held], host.pages[:, :width][held]):
             raise PoolError(f"device block table row {row}: page ids differ from the host pool")
 

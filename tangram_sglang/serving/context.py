@@ -16,7 +16,7 @@ import torch
 from tangram_sglang.attention import build_layer_metas, make_split_rows
 from tangram_sglang.method.protection import Protection
 from tangram_sglang.pool.spec import PoolSpec
-from tangram_sglang.profile import ModelShape, RatioEntry, TangramProfile, load_profile
+from tangram_sglang.profile import ModelShape, ProfileError, RatioEntry, TangramProfile, load_profile
 from tangram_sglang.profile.tensor_parallel import rank_view, shard_of_rank, shards
 from tangram_sglang.scorers import Scorer
 from tangram_sglang.scorers.base import HeadShard
@@ -83,6 +83,10 @@ def build_context(loaded: LoadedProfile, hf_config, *, stock_tokens: int, dtype:
     type stores pages quantized, with kv_scales: per layer (k_scale, v_scale), default 1.0)."""
     profile = loaded.profile
     profile.check_model(ModelShape.from_hf_config(hf_config))
+    if profile.model.window_layers and loaded.scorer.needs_reconstruction:
+        # its extra pass attends to every cached slot, and window layers release theirs
+        raise ProfileError("calibration.method", f"the {loaded.scorer.name} scorer's reconstruction pass has no "
+                           "sliding window; serve this model with a profile of another method (e.g. fastkvzip)")
     view = rank_view(profile, tp_size, tp_rank)
     entry, shape, scorer = view.select(loaded.ratio), view.model, loaded.scorer
     if tp_size > 1 and scorer.needs_hidden:  # gates rate all heads: keep this rank's

@@ -62,7 +62,7 @@ class TangramServing:
     def __init__(self, context: ServingContext):
         self.context = context
         spec = context.spec
-        self.cache = RaggedKVCache(spec, context.entry.group_budget)
+        self.cache = RaggedKVCache(spec, context.entry.group_budget, windows=context.profile.model.windows)
         self.data = KVPageData(spec, device=context.device)
         self.tables = DeviceBlockTables(spec.num_layers, spec.num_groups, spec.page_size, context.device)
         self.counters = PoolCounters()

@@ -3,7 +3,8 @@
 The tree links pool segments into SGLang's radix structure. It needs the segments (look up,
 split, drop), each request's publication (the segments finished since the tree last linked it,
 and where its chain ends), how many pages are free after its evictions, and a way to say a
-request left. Nothing else of the pool or the serving state reaches it.
+request left; for sliding-window layers, where a match may end and a way to drop the window
+pages of a segment no match will end at. Nothing else of the pool or the serving state reaches it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,21 @@ class TreeStore:
         self._cache.evict(seg_id)
         if evicted:
             self._counters.evicted_segments += 1
+
+    # -- sliding-window layers ----------------------------------------------------------------------
+    @property
+    def has_windows(self) -> bool:
+        return bool(self._cache.window_rows.size)
+
+    def window_ready(self, chain: list[Segment]) -> bool:
+        """Whether a match may end where the chain ends (its window pages are all held)."""
+        return self._cache.window_ready(chain)
+
+    def drop_window_columns(self, seg_id: int, later_end) -> int:
+        """Give up matches ending at this segment: drop its window pages no query at or after
+        slots later_end [V] reads. Returns the pages freed."""
+        self._counters.window_drops += 1
+        return self._cache.drop_window_columns(seg_id, later_end)
 
     @property
     def available_pages(self) -> int:

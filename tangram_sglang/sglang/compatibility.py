@@ -79,9 +79,8 @@ def check_server_args(server_args) -> None:
             "the ragged pool serves full-attention and sliding-window layers only")
     if arch and SLIDING in _window_kinds(config).values() and _sglang_hybrid_swa(arch):
         raise UnsupportedOption(
-            f"model {sorted(arch)[0]}", "SGLang serves it from its hybrid SWA pool (window-layer pages released "
-            "as the window moves, learned attention sinks for gpt-oss); with a profile only window layers at "
-            "dense memory (Gemma 2 / 3) are served yet")
+            f"model {sorted(arch)[0]}", "SGLang serves it from its hybrid SWA pool (with learned attention sinks "
+            "for gpt-oss); with a profile Tangram serves the window layers of Gemma 2 / 3 only (no learned sinks yet)")
 
 
 def _window_kinds(config: dict) -> dict[int, str]:

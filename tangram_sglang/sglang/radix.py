@@ -14,6 +14,12 @@ references and evictable / protected token counts work as in RadixCache, and
 checkpoint() repoints the request's req_to_token row onto the tree's ids.
 Evicting a node frees its logical ids and drops its segment's page references.
 
+Sliding-window layers (Gemma 2 / 3): a match may only end where every window layer still
+holds the pages its next query reads (``TreeStore.window_ready``; a match backs up to the
+deepest such node). When admission needs pages, interior nodes give up being match ends,
+least recently used first, and drop the window pages their children's earliest end no longer
+reads (SGLang's SWA radix tree's tombstones); leaves are evicted after that.
+
 Worked example: request A = [sys, a] (one chunk) finished; request B = [sys, b]
 matches nothing (sys sits inside A's atomic chunk), compresses [sys, b] itself
 and becomes root's second child starting with sys's first token. B's turn 2,
@@ -109,6 +115,10 @@ class TangramRadixCache(RadixCache):
         if self.disable or len(key) == 0:
             return self._empty_match_result
         node, pos = self._walk(key, split=True)
+        if self.store.has_windows:
+            while node is not self.root_node and not self.store.window_ready(self.chain(node)):
+                pos -= len(node.tokens)
+                node = node.parent
         return MatchResult(device_prefix_len=pos, last_device_node=node, last_host_node=node,
                            best_match_node=node)
 
@@ -266,10 +276,26 @@ class TangramRadixCache(RadixCache):
     def evict_pages(self, pages: int) -> bool:
         """Evict LRU leaves until the pool has ``pages`` more available pages; False if none left."""
         goal = self.store.available_pages + pages
+        if self.store.has_windows:
+            self._drop_windows(goal)
         while self.store.available_pages < goal:
             if self._evict_one() == 0:
                 return False
         return True
+
+    def _drop_windows(self, goal: int) -> None:
+        """Interior nodes, least recently used first, stop being match ends and drop the window
+        pages their children's earliest end does not read, until ``goal`` pages are available.
+        A node some lock ends at (a request being admitted onto it) keeps its pages."""
+        interior = [n for n in self._nodes() if n.children]
+        interior.sort(key=lambda n: n.last_access_time)
+        for node in interior:
+            if self.store.available_pages >= goal:
+                return
+            kids = [k for ks in node.children.values() for k in ks]
+            if node.lock_ref > sum(k.lock_ref for k in kids):
+                continue
+            self.store.drop_window_columns(node.seg.seg_id, np.min([k.seg.end_slots for k in kids], axis=0))
 
     def _delete_leaf(self, node):
         self._remove_child(node.parent, node)

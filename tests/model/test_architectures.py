@@ -22,8 +22,8 @@ def tiny(request, tmp_path_factory):
     return str(path), model, hf_greedy(model)
 
 
-def serve(path, prompts, turns=1, sampling=SAMPLING, **kwargs):
-    engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=2048,
+def serve(path, prompts, turns=1, sampling=SAMPLING, max_total_tokens=2048, **kwargs):
+    engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=max_total_tokens,
                            log_level="error", **kwargs)
     try:
         outs = [[r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=sampling)]]
@@ -57,19 +57,24 @@ def test_full_profile_matches_hf_across_turns(tiny, tmp_path):
     assert [r["output_ids"] for r in second] == hf_greedy(model, turn2)
 
 
+def _chunk16(profile) -> None:
+    """Compress in 16-token chunks (the profile's chunk size)."""
+    import yaml
+
+    raw = yaml.safe_load(profile.read_text())
+    raw["calibration"]["chunk_size"] = 16
+    profile.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
 @pytest.mark.parametrize("tiny", ["gemma3"], indirect=True)
 def test_window_layers_across_compression_chunks(tiny, tmp_path):
     """Gemma 3 in 16-token compression chunks: the 57-token prompt's window (24) spans chunks, so
     chunk queries read their window from the pages too. At 1.0: HF's tokens, both turns. At 0.5 the
     full-attention layer is compressed and the window layers keep every token: served, pool intact."""
-    import yaml
-
     path, model, hf = tiny
     profile = tmp_path / "u.yaml"
     write_uniform(["--model-path", path, "--ratio", "1.0", "--ratio", "0.5", "-o", str(profile)])
-    raw = yaml.safe_load(profile.read_text())
-    raw["calibration"]["chunk_size"] = 16
-    profile.write_text(yaml.safe_dump(raw, sort_keys=False))
+    _chunk16(profile)
     (outs, second), info = serve(path, PROMPTS, turns=2, tangram_profile=str(profile))
     assert info["pool_info"]["integrity"] == "ok" and outs == hf
     assert [r["output_ids"] for r in second] == hf_greedy(model, [p + o + [5, 6, 7] for p, o in zip(PROMPTS, hf)])
@@ -77,3 +82,20 @@ def test_window_layers_across_compression_chunks(tiny, tmp_path):
     assert info["pool_info"]["integrity"] == "ok" and info["ratio"] == 0.5
     assert all(len(o) == len(hf[0]) for o in outs) and all(len(r["output_ids"]) == len(hf[0]) for r in second)
 
+
+
+@pytest.mark.parametrize("tiny", ["gemma3"], indirect=True)
+def test_window_pages_dropped_under_pressure(tiny, tmp_path):
+    """A pool too small for every history: requests release the window pages their queries
+    passed and the tree's interior nodes drop theirs for room; matches end only where the window
+    pages are held, so both turns still give HF's tokens."""
+    path, model, hf = tiny
+    profile = tmp_path / "u.yaml"
+    write_uniform(["--model-path", path, "--ratio", "1.0", "-o", str(profile)])
+    _chunk16(profile)
+    (outs, second), info = serve(path, PROMPTS, turns=2, tangram_profile=str(profile), max_running_requests=1,
+                                 max_total_tokens=160)
+    assert info["pool_info"]["integrity"] == "ok" and info["pool_info"]["window_drops"] > 0, info["pool_info"]
+    assert outs == hf
+    assert sum(r["meta_info"]["cached_tokens"] for r in second) > 0  # the second turns still read the tree
+    assert [r["output_ids"] for r in second] == hf_greedy(model, [p + o + [5, 6, 7] for p, o in zip(PROMPTS, hf)])

@@ -38,7 +38,8 @@ class Row:
 
 
 def assert_plan_matches_host(serving, rid, plan, lens):
-    """The device tables of a one-request plan hold the host pool's pages up to lens (int [V])."""
+    """The device tables of a one-request plan hold the host pool's pages up to lens (int [V]);
+    a window layer's released columns (-1 on the host) are not mirrored (nothing reads them)."""
     pages = serving.cache.requests[rid].pages
     P = pages.page_size
     sl = plan.seq_lens.permute(1, 0, 2).reshape(-1).numpy()
@@ -47,7 +48,8 @@ def assert_plan_matches_host(serving, rid, plan, lens):
     table = table.permute(1, 0, 2, 3).reshape(pages.num_virtual, -1).numpy()
     used = -(-np.asarray(lens) // P)
     for v in range(pages.num_virtual):
-        assert np.array_equal(table[v, : used[v]], pages.pages[v, : used[v]])
+        host = pages.pages[v, : used[v]]
+        assert np.array_equal(table[v, : used[v]][host >= 0], host[host >= 0])
 
 
 class FakeReq:
@@ -65,11 +67,37 @@ class FakeReq:
         return self.prompt + self.output
 
 
-def build(stock_tokens=700, chunk=24, seed=0):
-    cfg = LlamaConfig(vocab_size=64, hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
-                      num_hidden_layers=30, intermediate_size=64, architectures=["LlamaForCausalLM"])
-    serving = TangramServing.build(LoadedProfile.load(str(PROFILE), 0.25), cfg, stock_tokens=stock_tokens,
-                                   dtype=torch.float32, device="cpu", page_size=16, num_q_heads=9, chunk=chunk,
+def window_profile(tmp_dir) -> tuple[str, object]:
+    """A Gemma-3-shaped model (layers 0, 1 and 3 attend to a 20-token window) and a uniform 0.25
+    profile of it (window layers keep every token)."""
+    from transformers import Gemma3TextConfig
+
+    from tangram_sglang.profile.format import ModelShape
+    from tangram_sglang.profile.uniform import uniform_profile
+
+    cfg = Gemma3TextConfig(vocab_size=64, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           num_hidden_layers=4, intermediate_size=64, sliding_window=WINDOW,
+                           layer_types=["sliding_attention"] * 2 + ["full_attention", "sliding_attention"],
+                           architectures=["Gemma3ForCausalLM"])
+    path = str(tmp_dir / "window.yaml")
+    uniform_profile(ModelShape.from_hf_config(cfg), [0.25]).save(path)
+    return path, cfg
+
+
+WINDOW = 20
+
+
+def build(stock_tokens=700, chunk=24, seed=0, windows_in=None):
+    """The serving state of SmolLM2's SnapKV profile on a Llama config or, with windows_in (a
+    folder), of a uniform profile of a Gemma-3-shaped config with sliding-window layers."""
+    if windows_in is None:
+        cfg = LlamaConfig(vocab_size=64, hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
+                          num_hidden_layers=30, intermediate_size=64, architectures=["LlamaForCausalLM"])
+        path, q_heads = str(PROFILE), 9
+    else:
+        (path, cfg), q_heads = window_profile(windows_in), 4
+    serving = TangramServing.build(LoadedProfile.load(path, 0.25), cfg, stock_tokens=stock_tokens,
+                                   dtype=torch.float32, device="cpu", page_size=16, num_q_heads=q_heads, chunk=chunk,
                                    protection=Protection(sinks=2, newest=6))  # to scale with the 24-token chunks
     rows = Row(64)
     alloc = TangramAllocator(serving.context.logical_tokens, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
@@ -80,9 +108,9 @@ def build(stock_tokens=700, chunk=24, seed=0):
 
 
 class Driver:
-    def __init__(self, seed):
+    def __init__(self, seed, windows_in=None):
         self.rng = random.Random(seed)
-        self.serving, self.tree, self.alloc, self.rows = build()
+        self.serving, self.tree, self.alloc, self.rows = build(windows_in=windows_in)
         self.free_rows = list(range(1, 64))
         self.running: dict[str, FakeReq] = {}
         self.sessions: list[list[int]] = [[] for _ in range(6)]
@@ -205,6 +233,46 @@ def test_serving_soak_integrity_and_full_release(seed):
     d.check()
     assert d.serving.cache.pool.num_free == d.serving.spec.num_pages and not d.serving.cache.store.segments
     assert d.tree.total_tokens() == 0 and d.alloc.available_size() == d.alloc.size
+
+
+def test_serving_soak_with_window_layers(tmp_path):
+    """Sliding-window layers: requests release the window pages their queries passed, admission
+    under pressure makes interior nodes drop theirs, matches end only where the window is held;
+    every plan's tables equal the host pages and everything returns at the end."""
+    d = Driver(3, windows_in=tmp_path)
+    cache = d.serving.cache
+    released = {"tree": 0}
+    drop = cache.drop_window_columns
+    cache.drop_window_columns = lambda seg_id, end: released.__setitem__("tree", released["tree"] + drop(seg_id, end)) or 0
+    peak = 0
+    for _ in range(1500):
+        d.run(1)
+        for req in cache.requests.values():
+            live = [(req.pages.pages[v, : req.pages.npages[v]] >= 0).sum() for v in cache.window_rows]
+            peak = max(peak, max(live, default=0))
+    assert d.stats["finished"] > 20 and d.stats["reused"] > 0 and d.stats["waited"] > 0
+    assert released["tree"] > 0                              # interior nodes gave pages back
+    assert 0 < peak <= -(-(WINDOW - 1 + d.serving.chunk) // 16) + 1  # a request holds its window, one chunk
+    for req in list(d.running.values()):
+        d.release(req, checkpoint=False)
+    d.tree.reset()
+    d.alloc.clear()
+    d.check()
+    assert cache.pool.num_free == d.serving.spec.num_pages and not cache.store.segments
+
+
+def test_reconstruction_scorer_refused_with_window_layers(tmp_path):
+    """KVzip's reconstruction pass reads every cached slot; window layers release theirs."""
+    import dataclasses
+
+    from tangram_sglang.profile import ProfileError
+    from tangram_sglang.scorers import get_scorer
+    from tangram_sglang.serving.context import build_context
+
+    path, cfg = window_profile(tmp_path)
+    loaded = dataclasses.replace(LoadedProfile.load(path, 0.25), scorer=get_scorer("kvzip", prefix_ids=(1, 2)))
+    with pytest.raises(ProfileError, match="reconstruction pass has no sliding window"):
+        build_context(loaded, cfg, stock_tokens=700, dtype=torch.float32, device="cpu", page_size=16, num_q_heads=4)
 
 
 def test_turn_two_reuses_turn_one_prompt_and_output():

@@ -7,6 +7,12 @@ After every operation: check_integrity(), the device table rows equal the host p
 live request and every cached segment reads back exactly the values written into its slots
 (a numpy shadow of the page data), so copies, in-place extension and sharing never corrupt
 anyone. After every complete prefill: pages taken == pages reserved for prefill.
+
+With sliding-window layers (``windows``) the pool releases each request's window pages as its
+queries move on and the tree drops interior segments' window pages (``drop_window``): then
+every live request and every chain a match may end at (window_ready) still reads back its
+window exactly, a request holds at most its window's pages, and admission only ever gets a
+ready prefix.
 """
 
 import random
@@ -22,10 +28,11 @@ from pool_driver import ServedDecode, finish
 
 
 class PoolModel:
-    def __init__(self, page_size: int, num_pages: int, beta: np.ndarray):
+    def __init__(self, page_size: int, num_pages: int, beta: np.ndarray, windows=None):
         spec = PoolSpec(num_layers=beta.shape[0], num_groups=beta.shape[1], heads_per_group=1, head_dim=1,
                         page_size=page_size, num_pages=num_pages)
-        self.cache = RaggedKVCache(spec, beta)
+        self.cache = RaggedKVCache(spec, beta, windows=windows)
+        self.window = self.cache.window
         self.dec = ServedDecode(self.cache)  # the served decode step (device block tables on CPU)
         self.V, self.P = spec.num_virtual, page_size
         self.mem = np.full(num_pages * page_size, np.nan)
@@ -51,6 +58,14 @@ class PoolModel:
     def leaves(self):
         inner = {p for p in self.parent.values() if p is not None}
         return [s for s in self.parent if s not in inner and s not in self.locked()]
+
+    def ready(self):
+        """Segments a match may end at (the tree's rule: their window pages are all there)."""
+        return [s for s in self.parent
+                if self.cache.window_ready([self.cache.store.get(x) for x in self.chain(s)])]
+
+    def interior(self):
+        return sorted({p for p in self.parent.values() if p is not None})
 
     def _write(self, rid, locs_by_v, counts):
         for v in range(self.V):
@@ -142,6 +157,12 @@ class PoolModel:
         self.values[tail.seg_id] = vals
         self.values[head.seg_id] = [e[: head.end_slots[v]] for v, e in enumerate(vals)]
 
+    def drop_window(self, seg_id):
+        """The tree gives up matches ending at an interior segment: its window columns that its
+        children's earliest end no longer reads are dropped."""
+        kids = [self.cache.store.get(s) for s, p in self.parent.items() if p == seg_id]
+        self.cache.drop_window_columns(seg_id, np.min([k.end_slots for k in kids], axis=0))
+
     def splittable(self):
         locked = self.locked()
         return [s for s in self.parent if s not in locked
@@ -152,20 +173,36 @@ class PoolModel:
         self.ops += 1
         self.cache.check_integrity()
         for rid, req in self.cache.requests.items():
-            self._check_read(req.pages.pages, req.pages.lens, self.expect[rid])
+            self._check_read(req.pages.pages, req.pages.lens, self.expect[rid], ready=True)
+            self._check_window_held(req)
         for rid, (row, rec) in self.dec.rows.items():
             if self.cache.requests.get(rid) is rec:
                 self.dec.tables.check(row, rec.pages)
         for seg_id in self.parent:
             segs = [self.cache.store.get(s) for s in self.chain(seg_id)]
             table, _, lens = assemble(segs, self.V, self.P)
-            self._check_read(table, lens, self.values[seg_id])
+            self._check_read(table, lens, self.values[seg_id], ready=self.cache.window_ready(segs))
 
-    def _check_read(self, table, lens, expect):
+    def _check_read(self, table, lens, expect, ready: bool):
+        """Every live slot reads what was written there; full layers have every slot live, and
+        where a query may come next (ready) window layers have their whole window live."""
         for v in range(self.V):
             s = np.arange(lens[v])
-            got = self.mem[table[v, s // self.P].astype(np.int64) * self.P + s % self.P]
-            assert got.tolist() == expect[v], f"v={v}: read {got.tolist()} expected {expect[v]}"
+            page = table[v, s // self.P].astype(np.int64)
+            need = s >= lens[v] - self.window[v] + 1 if self.window[v] and ready else self.window[v] == 0
+            assert np.all(page[need] >= 0), f"v={v}: slots it reads were released"
+            live = page >= 0
+            got = self.mem[page[live] * self.P + s[live] % self.P]
+            want = np.asarray(expect[v], dtype=np.float64)[live]
+            assert got.tolist() == want.tolist(), f"v={v}: read {got.tolist()} expected {want.tolist()}"
+
+    def _check_window_held(self, req):
+        """A request holds at most the pages of its window and of one chunk in a window layer."""
+        pages, W, P = req.pages, self.window, self.P
+        chunk = max(req.plan.chunk_tokens, default=1)
+        for v in np.flatnonzero(W):
+            held = int(np.count_nonzero(pages.pages[v, : pages.npages[v]] >= 0))
+            assert held <= -(-(W[v] - 1 + chunk) // P) + 1, f"v={v} holds {held} pages, window {W[v]}"
 
 
 def random_op(model: PoolModel, rng: random.Random) -> None:
@@ -175,7 +212,7 @@ def random_op(model: PoolModel, rng: random.Random) -> None:
     ready = [r for r, q in reqs if q.prefill_done]
     choice = rng.random()
     if choice < 0.25 or not reqs:
-        leaves = list(model.parent)
+        leaves = model.ready()
         prefix = rng.choice(leaves) if leaves and rng.random() < 0.7 else None
         chunks = [rng.randint(1, 12) for _ in range(rng.randint(0, 3))]
         if model.admit(chunks, rng.randint(0, 6), prefix) is None and model.leaves():
@@ -194,8 +231,10 @@ def random_op(model: PoolModel, rng: random.Random) -> None:
         model.finish_request(rng.choice([r for r, _ in reqs]))
     elif choice < 0.85:
         model.retract(rng.choice([r for r, _ in reqs]))
-    elif choice < 0.95 and model.leaves():
+    elif choice < 0.92 and model.leaves():
         model.evict(rng.choice(model.leaves()))
+    elif choice < 0.95 and model.interior():
+        model.drop_window(rng.choice(model.interior()))
     elif model.splittable():
         seg_id = rng.choice(model.splittable())
         model.split(seg_id, rng.randint(1, model.cache.store.get(seg_id).num_tokens - 1))
@@ -221,15 +260,40 @@ def test_seeded_soak_thousands_of_operations():
     assert total > 4000
 
 
+def test_seeded_soak_with_window_layers():
+    """Window layers (kept whole, released as the queries move on) beside compressed full layers."""
+    total = 0
+    for seed in range(4):
+        rng = random.Random(100 + seed)
+        page_size = [1, 2, 3, 4][seed]
+        windows = [rng.randint(1, 9), 0, rng.randint(1, 9)]
+        beta = np.array([[1.0, 1.0] if w else [rng.choice([0.1, 0.5, 1.0]) for _ in range(2)] for w in windows])
+        model = PoolModel(page_size, rng.randint(20, 80), beta, windows=windows)
+        for _ in range(700):
+            random_op(model, rng)
+        for rid in list(model.cache.requests):
+            model.retract(rid)
+        while model.leaves():
+            model.evict(model.leaves()[0])
+        model.check()
+        assert model.cache.pool.num_free == model.cache.spec.num_pages  # nothing leaked
+        total += model.ops
+    assert total > 2000
+
+
 class PoolMachine(RuleBasedStateMachine):
     @initialize(page_size=st.integers(1, 5), num_pages=st.integers(6, 60),
-                beta=st.lists(st.sampled_from([1e-3, 0.1, 0.3, 0.5, 0.75, 1.0]), min_size=4, max_size=4))
-    def setup(self, page_size, num_pages, beta):
-        self.model = PoolModel(page_size, num_pages, np.array(beta).reshape(2, 2))
+                beta=st.lists(st.sampled_from([1e-3, 0.1, 0.3, 0.5, 0.75, 1.0]), min_size=4, max_size=4),
+                window=st.sampled_from([0, 0, 1, 2, 5]))
+    def setup(self, page_size, num_pages, beta, window):
+        beta = np.array(beta).reshape(2, 2)
+        if window:  # layer 0 becomes a sliding-window layer (kept whole)
+            beta[0] = 1.0
+        self.model = PoolModel(page_size, num_pages, beta, windows=[window, 0])
 
     @rule(chunks=st.lists(st.integers(1, 10), max_size=3), decode=st.integers(0, 5), data=st.data())
     def admit(self, chunks, decode, data):
-        leaves = list(self.model.parent)
+        leaves = self.model.ready()
         prefix = data.draw(st.sampled_from([None, *leaves]))
         self.model.admit(chunks, decode, prefix)
 
@@ -274,6 +338,11 @@ class PoolMachine(RuleBasedStateMachine):
         seg_id = data.draw(st.sampled_from(self.model.splittable()))
         at = data.draw(st.integers(1, self.model.cache.store.get(seg_id).num_tokens - 1))
         self.model.split(seg_id, at)
+
+    @precondition(lambda self: self.model.interior())
+    @rule(data=st.data())
+    def drop_window(self, data):
+        self.model.drop_window(data.draw(st.sampled_from(self.model.interior())))
 
     @invariant()
     def integrity(self):
