@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.common.client import post_json, server_state
+from benchmarks.common.client import call, server_state
 from benchmarks.common.log import logger
 from benchmarks.common.models import ensure_model
 from benchmarks.common.paths import ROOT, result_path
@@ -95,7 +95,9 @@ def bench_command(args, model_path: str, url: str, rate: float, out_file: str) -
 
 def run_one(args, model_path: str, srv: ServerProcess, rate: float) -> dict:
     """One bench_serving run on a flushed server: its result line (METRICS, cache report, goodput)."""
-    post_json(srv.url + "/flush_cache")
+    status, body = call(srv.url + "/flush_cache", {})
+    if status != 200:
+        raise SystemExit(f"/flush_cache answered {status}: {body}")
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "out.jsonl")
         cmd = bench_command(args, model_path, srv.url, rate, out_file)

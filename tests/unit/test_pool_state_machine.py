@@ -241,22 +241,27 @@ def random_op(model: PoolModel, rng: random.Random) -> None:
     model.check()
 
 
+def soak(model: PoolModel, rng: random.Random, ops: int = 700) -> int:
+    """ops random operations, then every request leaves and the tree empties: every page must be
+    free again (nothing leaked). Returns the operations checked."""
+    for _ in range(ops):
+        random_op(model, rng)
+    for rid in list(model.cache.requests):
+        model.retract(rid)
+    while model.leaves():
+        model.evict(model.leaves()[0])
+    model.check()
+    assert model.cache.pool.num_free == model.cache.spec.num_pages
+    return model.ops
+
+
 def test_seeded_soak_thousands_of_operations():
     total = 0
     for seed in range(6):
         rng = random.Random(seed)
         page_size = [1, 2, 3, 4, 8, 5][seed]
         beta = np.array([[rng.choice([1e-3, 0.1, 0.25, 0.5, 0.9, 1.0]) for _ in range(2)] for _ in range(2)])
-        model = PoolModel(page_size, rng.randint(12, 80), beta)
-        for _ in range(700):
-            random_op(model, rng)
-        for rid in list(model.cache.requests):
-            model.retract(rid)
-        while model.leaves():
-            model.evict(model.leaves()[0])
-        model.check()
-        assert model.cache.pool.num_free == model.cache.spec.num_pages  # nothing leaked
-        total += model.ops
+        total += soak(PoolModel(page_size, rng.randint(12, 80), beta), rng)
     assert total > 4000
 
 
@@ -268,16 +273,7 @@ def test_seeded_soak_with_window_layers():
         page_size = [1, 2, 3, 4][seed]
         windows = [rng.randint(1, 9), 0, rng.randint(1, 9)]
         beta = np.array([[1.0, 1.0] if w else [rng.choice([0.1, 0.5, 1.0]) for _ in range(2)] for w in windows])
-        model = PoolModel(page_size, rng.randint(20, 80), beta, windows=windows)
-        for _ in range(700):
-            random_op(model, rng)
-        for rid in list(model.cache.requests):
-            model.retract(rid)
-        while model.leaves():
-            model.evict(model.leaves()[0])
-        model.check()
-        assert model.cache.pool.num_free == model.cache.spec.num_pages  # nothing leaked
-        total += model.ops
+        total += soak(PoolModel(page_size, rng.randint(20, 80), beta, windows=windows), rng)
     assert total > 2000
 
 
