@@ -13,9 +13,10 @@ from benchmarks.common.paths import ROOT
 from benchmarks.fidelity.settings import ORACLE, base_setting
 from benchmarks.fidelity.store import digest
 
-# package files that cannot change an answer (offline tools, process helpers): not part of the version
-NOT_SERVED = ("/calibration/", "/cpu_compat/", "calibrate.py", "reference_import.py", "uniform_profile.py", "compatibility.py",
-              "server_process.py")
+# package files that cannot change an answer (offline tools, process helpers): not part of any version
+OFFLINE = ("/calibration/", "/cpu_compat/", "calibrate.py", "reference_import.py", "uniform_profile.py", "compatibility.py",
+           "server_process.py")
+NOT_SERVED = OFFLINE + ("/oracle/",)  # the dense oracle is a reference the server never imports
 # the kvpress peer's version: these two files' contents (their place in the tree does not count)
 KVPRESS_FILES = [os.path.join(os.path.dirname(os.path.abspath(__file__)), f)
                  for f in ("kvpress_runner.py", "kvpress-requirements.txt")]
@@ -32,9 +33,11 @@ def code_version(setting: str, profile: str) -> str:
     if setting.startswith("kvpress"):
         files = KVPRESS_FILES
     else:
-        package = oracle_files() if base_setting(setting) in ORACLE else sorted(
+        oracle = base_setting(setting) in ORACLE
+        package = oracle_files() if oracle else sorted(
             glob.glob(os.path.join(ROOT, "tangram_sglang", "**", "*.py"), recursive=True))
-        files = [f for f in package if not any(part in f for part in NOT_SERVED)] + [profile] + weight_files(profile)
+        skip = OFFLINE if oracle else NOT_SERVED
+        files = [f for f in package if not any(part in f for part in skip)] + [profile] + weight_files(profile)
     return digest(*(open(f, "rb").read() if os.path.exists(f) else f for f in files))
 
 

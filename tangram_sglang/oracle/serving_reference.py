@@ -1,7 +1,7 @@
 """Dense end-to-end oracle of what the Tangram server computes for one request.
 
 Independent of ``tangram_sglang.attention``: pure torch on a Hugging Face
-Llama / Qwen2 model, full K/V stored densely and compression expressed as a
+Llama / Qwen2 / Qwen3 / Gemma 3 model (``architecture.DenseDecoder``), full K/V stored densely and compression expressed as a
 boolean ``kept`` mask per (layer, KV head) over absolute positions. The served
 path (paged, ragged, fused kernels) must produce the same greedy tokens.
 
@@ -10,7 +10,9 @@ Semantics for one request, greedy, float32:
 * The prompt runs in compression chunks [s, e). In layer l, query position i
   of query head j (KV head h = j // (Hq // H)) attends to
   {p < s : kept[l][h][p]}  ∪  {s <= p <= i}: earlier chunks compressed,
-  the current chunk causal and uncompressed.
+  the current chunk causal and uncompressed. A sliding-window layer (Gemma 3) keeps every
+  position and limits each query at i to keys i - window + 1 .. i; selection skips it (and a
+  model-scope selection spans the full-attention layers only, as calibration does).
 * After the chunk's attention in layer l, the method's scorer rates the chunk
   (one ScorerState per layer for the whole request) and a selection policy
   marks what each head keeps. The served policy (``ProfileSelection``): each
@@ -40,10 +42,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from tangram_sglang.method.chunks import split_tokens
 from tangram_sglang.method.protection import Protection, chunk_protection
+from tangram_sglang.oracle.architecture import DenseDecoder
 from tangram_sglang.oracle.selection import (  # noqa: F401  (re-exported: the oracle's public names)
     DynamicSelection,
     ProfileSelection,
@@ -119,17 +121,19 @@ def allowed_keys(kept_before: torch.Tensor, n: int) -> torch.Tensor:
                       causal[None].expand(num_heads, n, n)], dim=2)
 
 
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                     scale: float | None = None) -> torch.Tensor:
     """Softmax attention over the allowed keys only: [n, Hq, d].
 
     q: [n, Hq, d]; k, v: [T, H, d]; allowed: bool [H, n, T], shared by the
-    Hq // H query heads of each KV head. Scale 1 / sqrt(d).
+    Hq // H query heads of each KV head. Scale: 1 / sqrt(d) unless given.
     """
     n, num_q, d = q.shape
     group = num_q // k.shape[1]
     keys = k.transpose(0, 1).repeat_interleave(group, dim=0)  # [Hq, T, d]
     vals = v.transpose(0, 1).repeat_interleave(group, dim=0)
-    logits = torch.matmul(q.transpose(0, 1), keys.transpose(1, 2)) / math.sqrt(d)  # [Hq, n, T]
+    logits = torch.matmul(q.transpose(0, 1), keys.transpose(1, 2))  # [Hq, n, T]
+    logits = logits / math.sqrt(d) if scale is None else logits * scale
     mask = allowed.repeat_interleave(group, dim=0)
     probs = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
     return torch.matmul(probs, vals).transpose(0, 1)
@@ -152,17 +156,17 @@ class _DenseTangram:
     def __init__(self, model, entry, heads_per_group: int, method: str, selection=None,
                  protection: Protection = Protection(), turn_ends: tuple[int, ...] = (), kv_dtype=None):
         self.model = model
-        self.inner = model.model
-        cfg = model.config
-        self.num_q = cfg.num_attention_heads
-        self.num_kv = cfg.num_key_value_heads
-        self.head_dim = self.inner.layers[0].self_attn.head_dim
-        num_layers = len(self.inner.layers)
+        self.arch = DenseDecoder(model)
+        self.num_q, self.num_kv, self.head_dim = self.arch.num_q, self.arch.num_kv, self.arch.head_dim
+        num_layers = self.arch.num_layers
         check_entry(entry, heads_per_group, num_layers, self.num_kv)
         self.entry = entry
         self.selection = selection or ProfileSelection(entry)
         self.protection, self.turn_ends = protection, sorted(turn_ends)
         self.scorer = method if isinstance(method, Scorer) else get_scorer(method)
+        if self.scorer.needs_reconstruction and any(self.arch.windows):
+            raise ValueError("a reconstruction scorer reads every cached slot: not with sliding-window layers")
+        self.full_layers = [layer for layer, w in enumerate(self.arch.windows) if not w]
         self.cache = [LayerKV.empty(self.num_kv, self.head_dim) for _ in range(num_layers)]
         self.states = [ScorerState() for _ in range(num_layers)]
         self.pending: dict[int, torch.Tensor] = {}  # model scope: layer -> the chunk's protected scores
@@ -176,17 +180,12 @@ class _DenseTangram:
         for t in (cache.k, cache.v):
             t[start:end] = t[start:end].clamp(-top, top).to(self.kv_dtype).float()
 
-    def _qkv(self, attn, x: torch.Tensor, cos, sin):
-        """Projections of x [n, D] -> q [n, Hq, d], k, v [n, H, d]; q, k after RoPE."""
-        n = x.shape[0]
-        q = attn.q_proj(x).view(1, n, self.num_q, self.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(1, n, self.num_kv, self.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(n, self.num_kv, self.head_dim)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        return q[0].transpose(0, 1), k[0].transpose(0, 1), v
-
     def _compress(self, layer: int, q, k, v, start: int, hidden: torch.Tensor) -> None:
-        """Score this chunk in this layer and mark what the selection policy keeps."""
+        """Score this chunk in this layer and mark what the selection policy keeps (a window
+        layer keeps all of it)."""
+        if self.arch.windows[layer]:
+            self.cache[layer].kept[:, start:start + q.shape[0]] = True
+            return
         state = self.states[layer]
         if state.tokens_seen != start:
             raise RuntimeError(f"scorer state at {state.tokens_seen}, chunk starts at {start}")
@@ -211,11 +210,11 @@ class _DenseTangram:
         """Model scope: once every layer has scored the chunk at start, select over all of them."""
         if not self.pending:
             return
-        if sorted(self.pending) != list(range(len(self.cache))):
+        if sorted(self.pending) != self.full_layers:
             raise RuntimeError(f"chunk at {start} scored by layers {sorted(self.pending)} only")
-        scores = [self.pending.pop(layer) for layer in range(len(self.cache))]
-        for cache, mask in zip(self.cache, self.selection.kept_masks(scores)):
-            cache.kept[:, start:start + mask.shape[1]] = mask
+        scores = [self.pending.pop(layer) for layer in self.full_layers]
+        for layer, mask in zip(self.full_layers, self.selection.kept_masks(scores)):
+            self.cache[layer].kept[:, start:start + mask.shape[1]] = mask
 
     def _reconstruct(self, ids: list[int], start: int) -> None:
         """KVzip: run prefix + chunk after the chunk at start, score the chunk, select (scorers/kvzip/scorer.py).
@@ -225,20 +224,19 @@ class _DenseTangram:
         n = len(ids)
         rec = list(self.scorer.prefix_ids) + list(ids)
         m = len(rec)
-        x = self.inner.embed_tokens(torch.tensor(rec))
+        x = self.arch.embed(rec)
         first = min(start + n, int(self.model.config.max_position_embeddings) - m)  # as the server does
-        cos, sin = self.inner.rotary_emb(x[None], torch.arange(first, first + m)[None])
+        rope = self.arch.rope(x, torch.arange(first, first + m))
         scores = []
-        for layer, block in enumerate(self.inner.layers):
-            q, k, v = self._qkv(block.self_attn, block.input_layernorm(x), cos, sin)
+        for layer in range(self.arch.num_layers):
+            q, k, v = self.arch.qkv(layer, self.arch.attention_input(layer, x), rope[layer])
             cache = self.cache[layer]
             before = cache.kept[:, :start]
             allowed = torch.cat([before[:, None, :].expand(-1, m, -1), torch.ones(self.num_kv, m, n, dtype=torch.bool),
                                  torch.ones(m, m, dtype=torch.bool).tril()[None].expand(self.num_kv, -1, -1)], dim=2)
-            out = masked_attention(q, torch.cat([cache.k, k]), torch.cat([cache.v, v]), allowed)
+            out = masked_attention(q, torch.cat([cache.k, k]), torch.cat([cache.v, v]), allowed, self.arch.scale)
             scores.append(self._kvzip_scores(q, cache.k, k, before, start, n))
-            x = x + block.self_attn.o_proj(out.reshape(m, -1))
-            x = x + block.mlp(block.post_attention_layernorm(x))
+            x = self.arch.after_attention(layer, x, out)
         for layer, sc in enumerate(scores):
             self.states[layer].tokens_seen += n
             self._select(layer, sc, start)
@@ -265,26 +263,24 @@ class _DenseTangram:
 
         compress: score and select this chunk (prefill); else keep it whole (decode).
         """
-        n = len(ids)
-        x = self.inner.embed_tokens(torch.tensor(ids))  # [n, D]
-        pos = torch.arange(start, start + n)[None]
-        cos, sin = self.inner.rotary_emb(x[None], pos)
-        for layer, block in enumerate(self.inner.layers):
-            hidden = block.input_layernorm(x)
-            q, k, v = self._qkv(block.self_attn, hidden, cos, sin)
+        n, arch = len(ids), self.arch
+        x = arch.embed(ids)  # [n, D]
+        rope = arch.rope(x, torch.arange(start, start + n))
+        for layer in range(arch.num_layers):
+            hidden = arch.attention_input(layer, x)
+            q, k, v = arch.qkv(layer, hidden, rope[layer])
             cache = self.cache[layer]
-            allowed = allowed_keys(cache.kept, n)
+            allowed = arch.window_mask(layer, allowed_keys(cache.kept, n), start)
             cache.append(k, v)
             if not compress:
                 self._store(cache, start, start + n)  # decode: written, then read
-            out = masked_attention(q, cache.k, cache.v, allowed)
-            x = x + block.self_attn.o_proj(out.reshape(n, -1))
-            x = x + block.mlp(block.post_attention_layernorm(x))
+            out = masked_attention(q, cache.k, cache.v, allowed, arch.scale)
+            x = arch.after_attention(layer, x, out)
             if compress and not self.scorer.needs_reconstruction:
                 self._compress(layer, q, k, v, start, hidden)
             elif not compress:
                 cache.kept[:, start:] = True
-        logits = self.model.lm_head(self.inner.norm(x[-1:]))[0].float()
+        logits = arch.logits(x[-1:])
         if compress and self.scorer.needs_reconstruction:
             self._reconstruct(ids, start)
         elif compress:

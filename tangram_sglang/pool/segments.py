@@ -119,17 +119,17 @@ class SegmentStore:
         self.pages_held -= int((self.refs[live] == 0).sum())
         return self.pool.decref(live)
 
-    def drop_columns(self, seg_id: int, dead: np.ndarray) -> int:
+    def drop_columns(self, seg_id: int, dead: np.ndarray) -> tuple[int, int]:
         """Drop the segment's references on its columns below dead[v] (chain columns, int [V]);
-        those become -1. Returns the pages this freed."""
+        those become -1. Returns (columns dropped, pages this freed: others may hold the rest)."""
         seg = self.get(seg_id)
         rows, pos = ragged_index(seg.page_counts)
         hit = (seg.first_columns(self.page_size)[rows] + pos < np.asarray(dead, np.int64)[rows]) & (seg.page_ids >= 0)
         if not hit.any():
-            return 0
+            return 0, 0
         live = seg.page_ids[hit].copy()
         seg.page_ids[hit] = -1  # the frozen record's array: every holder of this segment sees it
-        return self._unref(live)
+        return int(live.size), self._unref(live)
 
     def split(self, seg_id: int, num_tokens: int) -> tuple[Segment, Segment]:
         """Split an uncompressed segment after num_tokens tokens (for a match ending inside it).

@@ -28,7 +28,7 @@ GAUGES = {  # pool_info key -> help text
     "capped": "Requests whose max_new_tokens was capped to what the pool can hold (running total).",
     "retracted": "Requests retracted from decode for lack of pages (running total).",
     "evicted_segments": "Radix tree segments evicted for room (running total).",
-    "window_drops": "Radix tree nodes that dropped their sliding-window pages for room (running total).",
+    "window_drops": "Times a radix tree node dropped sliding-window pages for room (running total).",
     "peak_pages_used": "Most pages ever used at once.",
 }
 

@@ -65,9 +65,10 @@ class TreeStore:
 
     def drop_window_columns(self, seg_id: int, later_end) -> int:
         """Give up matches ending at this segment: drop its window pages no query at or after
-        slots later_end [V] reads. Returns the pages freed."""
-        self._counters.window_drops += 1
-        return self._cache.drop_window_columns(seg_id, later_end)
+        slots later_end [V] reads. Returns the pages freed (counted in window_drops when it dropped any column)."""
+        dropped, freed = self._cache.drop_window_columns(seg_id, later_end)
+        self._counters.window_drops += dropped > 0
+        return freed
 
     @property
     def available_pages(self) -> int:

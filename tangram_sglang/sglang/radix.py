@@ -49,6 +49,7 @@ class SegNode(TreeNode):
         self.value = value                # int64 [n] logical ids
         self.seg = seg                    # pool Segment (None only for the root)
         self.extra_key = extra_key
+        self.window_end = None            # int [V]: the latest children's earliest end it dropped window pages for
 
     @property
     def compressed(self) -> bool:
@@ -286,7 +287,8 @@ class TangramRadixCache(RadixCache):
     def _drop_windows(self, goal: int) -> None:
         """Interior nodes, least recently used first, stop being match ends and drop the window
         pages their children's earliest end does not read, until ``goal`` pages are available.
-        A node some lock ends at (a request being admitted onto it) keeps its pages."""
+        A node some lock ends at (a request being admitted onto it) keeps its pages; a node that
+        dropped them for an end at or past this one has nothing more to drop."""
         interior = [n for n in self._nodes() if n.children]
         interior.sort(key=lambda n: n.last_access_time)
         for node in interior:
@@ -295,7 +297,10 @@ class TangramRadixCache(RadixCache):
             kids = [k for ks in node.children.values() for k in ks]
             if node.lock_ref > sum(k.lock_ref for k in kids):
                 continue
-            self.store.drop_window_columns(node.seg.seg_id, np.min([k.seg.end_slots for k in kids], axis=0))
+            end = np.min([k.seg.end_slots for k in kids], axis=0)
+            if node.window_end is None or np.any(end > node.window_end):
+                self.store.drop_window_columns(node.seg.seg_id, end)
+                node.window_end = end if node.window_end is None else np.maximum(end, node.window_end)
 
     def _delete_leaf(self, node):
         self._remove_child(node.parent, node)

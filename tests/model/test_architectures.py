@@ -57,30 +57,49 @@ def test_full_profile_matches_hf_across_turns(tiny, tmp_path):
     assert [r["output_ids"] for r in second] == hf_greedy(model, turn2)
 
 
-def _chunk16(profile) -> None:
-    """Compress in 16-token chunks (the profile's chunk size)."""
+def _chunk16(profile, method: str | None = None) -> None:
+    """Compress in 16-token chunks (the profile's chunk size), scored by method if given."""
     import yaml
 
     raw = yaml.safe_load(profile.read_text())
     raw["calibration"]["chunk_size"] = 16
+    if method:
+        raw["calibration"]["method"] = method
     profile.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+LONG = [list(range(3, 153)), [(7 * i) % 500 + 2 for i in range(97)]]  # past the window and the protected newest 64
 
 
 @pytest.mark.parametrize("tiny", ["gemma3"], indirect=True)
 def test_window_layers_across_compression_chunks(tiny, tmp_path):
     """Gemma 3 in 16-token compression chunks: the 57-token prompt's window (24) spans chunks, so
     chunk queries read their window from the pages too. At 1.0: HF's tokens, both turns. At 0.5 the
-    full-attention layer is compressed and the window layers keep every token: served, pool intact."""
+    full-attention layer is compressed (SnapKV) and the window layers keep every token: the dense
+    oracle's tokens on prompts longer than the protected newest 64, a second turn served, pool intact."""
+    import torch
+
+    from tangram_sglang.oracle.serving_reference import reference_generate
+    from tangram_sglang.profile import load_profile
+    from tangram_sglang.scorers.profile_scorer import profile_scorer
+
     path, model, hf = tiny
     profile = tmp_path / "u.yaml"
     write_uniform(["--model-path", path, "--ratio", "1.0", "--ratio", "0.5", "-o", str(profile)])
-    _chunk16(profile)
+    _chunk16(profile, "snapkv")
     (outs, second), info = serve(path, PROMPTS, turns=2, tangram_profile=str(profile))
     assert info["pool_info"]["integrity"] == "ok" and outs == hf
     assert [r["output_ids"] for r in second] == hf_greedy(model, [p + o + [5, 6, 7] for p, o in zip(PROMPTS, hf)])
-    (outs, second), info = serve(path, PROMPTS, turns=2, tangram_profile=str(profile), tangram_ratio=0.5)
+    (outs, second), info = serve(path, LONG, turns=2, tangram_profile=str(profile), tangram_ratio=0.5)
     assert info["pool_info"]["integrity"] == "ok" and info["ratio"] == 0.5
-    assert all(len(o) == len(hf[0]) for o in outs) and all(len(r["output_ids"]) == len(hf[0]) for r in second)
+    assert info["pool_info"]["saved_vs_full_kv"] > 0
+    prof = load_profile(str(profile))
+    with torch.no_grad():
+        want = [reference_generate(model.float(), prof.select(0.5), heads_per_group=prof.heads_per_group,
+                                   method=profile_scorer(prof, str(profile)), prompt_ids=p, max_new_tokens=16,
+                                   chunk_size=16) for p in LONG]
+    assert outs == want
+    assert all(len(r["output_ids"]) == len(hf[0]) for r in second)
 
 
 

@@ -255,6 +255,33 @@ def test_full_budget_matches_hf_greedy_tiny_qwen2():
     assert generate(model, uniform_entry(model, 1.0), prompt, chunk_size=6, max_new_tokens=8) == want
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_full_budget_matches_hf_greedy_other_architectures(arch, tmp_path):
+    """Qwen3 (q/k norms) and Gemma 3 (sandwich norms, a RoPE per layer type, two layers attending to a
+    24-token window that the 57-token prompt reaches past) run through the same layer loop."""
+    from tiny_model import PROMPTS, build_tiny, hf_greedy
+
+    model = build_tiny(arch, str(tmp_path))
+    entry = uniform_entry(model, 1.0)
+    for prompt, want in zip(PROMPTS, hf_greedy(model)):
+        assert generate(model, entry, prompt, chunk_size=16) == want
+
+
+def test_window_layers_keep_everything_and_model_scope_spans_full_layers(tmp_path):
+    """Gemma 3 with the dynamic method of model scope: the window layers keep every position, the
+    one full-attention layer keeps the global top share of its heads' scores."""
+    from tiny_model import build_tiny
+
+    model = build_tiny("gemma3", str(tmp_path))
+    prompt = list(range(3, 83))
+    run = reference_run(model, uniform_entry(model, 1.0), heads_per_group=1, method="snapkv", prompt_ids=prompt,
+                        max_new_tokens=4, chunk_size=40, selection=DynamicSelection(0.25, "model"),
+                        protection=NONE)
+    assert bool(run.kept[0].all()) and bool(run.kept[2].all())
+    for s, e in run.chunks:
+        assert int(run.kept[1][:, s:e].sum()) == math.ceil(0.25 * 2 * (e - s))
+
+
 # --- protected tokens and the benchmark's selection policies ----------------------------------
 
 def test_sinks_and_newest_are_kept_by_every_head(tiny):

@@ -241,9 +241,17 @@ def test_serving_soak_with_window_layers(tmp_path):
     every plan's tables equal the host pages and everything returns at the end."""
     d = Driver(3, windows_in=tmp_path)
     cache = d.serving.cache
-    released = {"tree": 0}
+    released, asked = {"tree": 0, "drops": 0}, []
     drop = cache.drop_window_columns
-    cache.drop_window_columns = lambda seg_id, end: released.__setitem__("tree", released["tree"] + drop(seg_id, end)) or 0
+
+    def counted(seg_id, end):
+        asked.append((seg_id, tuple(end)))
+        dropped, freed = drop(seg_id, end)
+        released["tree"] += freed
+        released["drops"] += dropped > 0
+        return dropped, freed
+
+    cache.drop_window_columns = counted
     peak = 0
     for _ in range(1500):
         d.run(1)
@@ -252,6 +260,9 @@ def test_serving_soak_with_window_layers(tmp_path):
             peak = max(peak, max(live, default=0))
     assert d.stats["finished"] > 20 and d.stats["reused"] > 0 and d.stats["waited"] > 0
     assert released["tree"] > 0                              # interior nodes gave pages back
+    for i, (seg, end) in enumerate(asked):                   # never asked again for no later end
+        assert not any(s == seg and all(a <= b for a, b in zip(end, e)) for s, e in asked[:i])
+    assert d.serving.counters.window_drops == released["drops"] > 0
     assert 0 < peak <= -(-(WINDOW - 1 + d.serving.chunk) // 16) + 1  # a request holds its window, one chunk
     for req in list(d.running.values()):
         d.release(req, checkpoint=False)

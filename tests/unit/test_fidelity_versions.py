@@ -59,3 +59,14 @@ def test_position_chunking_cuts_the_final_prompt_by_position():
     assert fidelity.position_schedule(conv) == ([512, 512, 76], 76)   # by position; 76 kept whole
     conv = Conversation(id="c", kind="passkey", turns=[[1] * 1024], expect=[], history_len=900)
     assert fidelity.position_schedule(conv) == ([512, 512], 0)
+
+
+def test_the_served_package_never_imports_the_oracle():
+    """Served versions leave out tangram_sglang/oracle/ (NOT_SERVED): nothing the server loads imports it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tangram_sglang.sglang.plugin, tangram_sglang.serving.runtime, tangram_sglang.sglang.backend\n"
+            "print(sorted(m for m in sys.modules if m.startswith('tangram_sglang.oracle')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
