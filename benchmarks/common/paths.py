@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+# TANGRAM_RESULTS_DIR: write results elsewhere (benchmarks.remeasure --quick: a trial run that must not
+# replace the committed figures)
+RESULTS = os.environ.get("TANGRAM_RESULTS_DIR") or os.path.join(ROOT, "benchmarks", "results")
 KINDS = ("fidelity", "serving", "timing", "modeled")
 
 

@@ -84,7 +84,7 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile: str
                 degenerate_ids=sorted(cid for cid, sc in zip(rows, scored) if sc["degenerate"]),
                 fact_kept=(sum(facts) / len(facts)) if facts else None,
                 saved_vs_full_kv=pool["pool_info"]["saved_vs_full_kv"] if pool else None,
-                method=method, outcomes={cid: [sc["correct"], sc["degenerate"]] for cid, sc in zip(rows, scored)}))
+                method=method, version=versions[setting], outcomes={cid: [sc["correct"], sc["degenerate"]] for cid, sc in zip(rows, scored)}))
     return out
 
 

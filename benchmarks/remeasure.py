@@ -1,0 +1,266 @@
+"""Re-measure the figures the README and docs/results.md show, on the code as it is: one command.
+
+    python -m benchmarks.remeasure --status            # which figures measured the current code, and why not
+    python -m benchmarks.remeasure                     # the full run: every figure not current, in order
+    python -m benchmarks.remeasure --only soak pressure
+    python -m benchmarks.remeasure --quick             # a laptop's trial: small sizes, results under /tmp
+
+The full run is resumable: run it again (in another session) and it skips every figure whose results
+already measured the current code. A figure is current when
+
+* fidelity (answers): every row of its report was answered by the current code version of its setting,
+  or by a version shown to give the same answers (benchmarks/fidelity/versions.py, fidelity_versions.json);
+  its command is itself resumable (it runs only the conversations not recorded at the current version);
+* every other figure: its results file is stamped with a commit (no uncommitted changes) whose served
+  files (tangram_sglang/ less what the server never loads, ``NOT_SERVED``), benchmark module and profiles
+  equal the working tree's.
+
+--quick writes under TANGRAM_RESULTS_DIR (default /tmp/tangram-quick-results), never over the committed
+results; its figures are trials of the commands, not figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from benchmarks.common.paths import KINDS, ROOT
+from benchmarks.fidelity.versions import NOT_SERVED
+
+QUICK_DIR = "/tmp/tangram-quick-results"
+S = ("--retrieval-per-kind", "16", "--replays-per-kind", "8")   # SmolLM2 / Gemma: 64 conversations
+Q = ("--retrieval-per-kind", "8", "--replays-per-kind", "4")    # Qwen2.5-0.5B: 32
+CONC = ("--sessions", "4", "--turns", "2", "--prompt-tokens", "300", "--new-tokens", "40", "--max-new-tokens", "12",
+        "--max-total-tokens", "1024")  # a quick multi-turn run
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One results file and the command that measures it (a module of benchmarks/ and its arguments)."""
+
+    name: str
+    kind: str                     # fidelity, serving, timing, modeled: its folder under benchmarks/results
+    module: str
+    full: tuple[str, ...]
+    quick: tuple[str, ...]
+    results: str = ""             # file under the kind's folder (default: NAME.json)
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.kind, self.results or f"{self.name}.json")
+
+    def argv(self, quick: bool) -> list[str]:
+        return [sys.executable, "-m", self.module, *(self.quick if quick else self.full)]
+
+
+def _fidelity(name: str, model: str, profile: str | None, settings: str, ratios: str, sizes, port: int,
+              extra: tuple[str, ...] = ()) -> Figure:
+    """A fidelity report; quick: 4 conversations of the --quick set, full KV and Tangram at the first ratio.
+    profile None: the model's own (settings recorded untagged), else --profile (recorded as setting[method])."""
+    common = ("--models", model, *(("--profile", profile) if profile else ()), "--port", str(port), *extra)
+    return Figure(name, "fidelity", "benchmarks.fidelity.run",
+                  (*common, "--settings", *settings.split(), "--ratios", *ratios.split(), *sizes, "--name", name),
+                  (*common, "--settings", "full", "tangram", "--ratios", ratios.split()[0], "--quick", "--limit", "4",
+                   "--name", name))
+
+
+def _opt(args: list[str], name: str, count: int = 1) -> list[str]:
+    """name and its first count values, if args has it."""
+    return args[args.index(name):args.index(name) + 1 + count] if name in args else []
+
+
+def _concurrency(name: str, args: str) -> Figure:
+    """A multi-turn throughput run; quick: 4 sessions x 2 short turns, one run, the same model and profile."""
+    full = args.split()
+    quick = [*_opt(full, "--model"), *_opt(full, "--profile"), *_opt(full, "--ratios"), *_opt(full, "--kv-cache-dtype", 2),
+             *CONC, "--repeats", "1",
+             "--out", os.path.join(QUICK_DIR, "serving", f"{name}.json")]
+    return Figure(name, "serving", "benchmarks.serving.concurrency",
+                  (*full, "--out", f"benchmarks/results/serving/{name}.json"), tuple(quick))
+
+
+FIGURES: tuple[Figure, ...] = (
+    # modeled and timing: minutes
+    Figure("paper_models", "modeled", "benchmarks.modeled.paper_models", (), ("--out", f"{QUICK_DIR}/modeled/paper_models.json")),
+    Figure("control_plane", "timing", "benchmarks.timing.control_plane", (),
+           ("--layers", "16", "--groups", "1", "2", "--repeat", "1", "--no-loop", "--out", f"{QUICK_DIR}/timing")),
+    Figure("cpu_decode", "timing", "benchmarks.timing.cpu_decode", ("--profile", "configs/smollm2-snapkv.yaml", "--reps", "7"),
+           ("--profile", "configs/smollm2-snapkv.yaml", "--reps", "1", "--config", "2x512",
+            "--out", f"{QUICK_DIR}/timing/cpu_decode")),
+    Figure("decode_step", "timing", "benchmarks.timing.decode_step",
+           ("--profiles", "configs/smollm2-snapkv.yaml", "--ratio", "0.25", "--uniform-1"),
+           ("--profiles", "configs/smollm2-snapkv.yaml", "--ratio", "0.25", "--batch", "2", "--context", "512",
+            "--reps", "1", "--out", f"{QUICK_DIR}/timing/decode_step")),
+    Figure("prefill_cost", "timing", "benchmarks.timing.prefill_cost",
+           ("--uniform", "--profiles", "configs/smollm2-snapkv.yaml", "configs/smollm2-fastkvzip.yaml",
+            "configs/smollm2-kvzip.yaml", "--ratio", "0.5"),
+           ("--profiles", "configs/smollm2-fastkvzip.yaml", "--ratio", "0.5", "--prompts", "2", "--prompt-tokens", "512",
+            "--out", f"{QUICK_DIR}/timing/prefill_cost")),
+    # serving: tens of minutes each
+    Figure("pressure", "serving", "benchmarks.serving.pressure", (), ("--quick",)),
+    Figure("soak", "serving", "benchmarks.serving.soak", ("--sessions", "200"), ("--sessions", "12", "--workers", "4")),
+    _concurrency("concurrency_multiturn_r04", "--sessions 12 --turns 4 --prompt-tokens 1000 --new-tokens 150 "
+                 "--max-total-tokens 6144 8192 12288 20480 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml"),
+    _concurrency("concurrency_multiturn_qwen", "--model qwen2.5-0.5b --sessions 12 --turns 4 --prompt-tokens 1000 "
+                 "--new-tokens 150 --max-total-tokens 8192 12288 20480 --ratios 0.25 "
+                 "--profile configs/qwen2.5-0.5b-fastkvzip.yaml"),
+    _concurrency("concurrency_fp8", "--sessions 16 --turns 4 --prompt-tokens 1000 --new-tokens 150 --max-new-tokens 48 "
+                 "--max-total-tokens 3072 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml "
+                 "--kv-cache-dtype auto fp8_e4m3 --repeats 3"),
+    _concurrency("concurrency_gemma_windows", "--model gemma3-270m --profile configs/gemma3-270m-fastkvzip.yaml "
+                 "--ratios 0.25 --sessions 8 --turns 3 --prompt-tokens 800 --new-tokens 100 --max-new-tokens 32 "
+                 "--max-total-tokens 2048 --repeats 3"),
+    # fidelity: hours (resumable by conversation)
+    _fidelity("fidelity_fastkvzip", "smollm2", "configs/smollm2-fastkvzip.yaml",
+              "full tangram dynamic uniform kvpress-kvzip", "0.4 0.6 0.5 0.33 0.32 0.27 0.25", S, 31200),
+    _fidelity("fidelity_qwen_fastkvzip", "qwen2.5-0.5b", "configs/qwen2.5-0.5b-fastkvzip.yaml",
+              "full tangram dynamic uniform kvpress-kvzip", "0.25 0.7 0.5 0.31", Q, 31210),
+    _fidelity("fidelity_gemma", "gemma3-270m", None, "full tangram dynamic",
+              "0.5 0.25", S, 31500),
+    _fidelity("fidelity_fp8", "smollm2", "configs/smollm2-fastkvzip.yaml", "tangram", "0.4 0.25", S, 31300,
+              ("--kv-cache-dtype", "auto", "fp8_e4m3")),
+    _fidelity("fidelity_qwen_fp8", "qwen2.5-0.5b", "configs/qwen2.5-0.5b-fastkvzip.yaml", "tangram", "0.5 0.25", Q,
+              31400, ("--kv-cache-dtype", "auto", "fp8_e4m3")),
+)
+
+
+# -- which figures measured the current code ---------------------------------------------------------
+def _git(*args: str, stdin: str | None = None) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, input=stdin, capture_output=True, text=True, check=True).stdout
+
+
+def _counted(path: str, fig: Figure) -> bool:
+    """Files a non-fidelity figure depends on: served package files, its own module, the profiles it names."""
+    if path.startswith("tangram_sglang/") and path.endswith(".py"):
+        return not any(part in "/" + path for part in NOT_SERVED)
+    profiles = {a for a in fig.full if a.startswith("configs/")}
+    return path == fig.module.replace(".", "/") + ".py" or path in profiles or any(
+        path == a.removesuffix(".yaml") + ".gate.safetensors" for a in profiles)
+
+
+def files_at(commit: str | None, fig: Figure) -> dict[str, str]:
+    """{path: git blob id} of the counted files at a commit, or in the working tree (commit None)."""
+    if commit is not None:
+        rows = _git("ls-tree", "-r", commit).splitlines()
+        return {p: line.split()[2] for line in rows for p in [line.split("\t", 1)[1]] if _counted(p, fig)}
+    paths = [p for p in _git("ls-files", "--cached", "--others", "--exclude-standard").splitlines()
+             if _counted(p, fig) and os.path.exists(os.path.join(ROOT, p))]
+    return dict(zip(paths, _git("hash-object", "--stdin-paths", stdin="\n".join(paths)).split()))
+
+
+def stamp_status(fig: Figure, results_dir: str) -> tuple[bool, str]:
+    path = os.path.join(results_dir, fig.path)
+    if not os.path.exists(path):
+        return False, "no results file"
+    data = json.load(open(path))
+    stamp = data.get("stamp") if isinstance(data, dict) else None
+    if not stamp:
+        return False, "results not stamped (measured before stamps)"
+    commit = stamp.get("commit", "unknown")
+    if commit.endswith("-dirty") or commit == "unknown":
+        return False, f"measured on uncommitted code ({commit})"
+    try:
+        then = files_at(commit, fig)
+    except subprocess.CalledProcessError:
+        return False, f"commit {commit} is not in this repository"
+    now = files_at(None, fig)
+    changed = sorted(p for p in then.keys() | now.keys() if then.get(p) != now.get(p))
+    if changed:
+        return False, f"{len(changed)} counted files changed since {commit} ({', '.join(changed[:3])}...)"
+    return True, f"measured at {commit}"
+
+
+def fidelity_status(fig: Figure, results_dir: str) -> tuple[bool, str]:
+    """Current when every report row's version is the setting's current version or an older one shown
+    to give the same answers."""
+    from benchmarks.fidelity.versions import code_version
+
+    path = os.path.join(results_dir, fig.path)
+    if not os.path.exists(path):
+        return False, "no results file"
+    data = json.load(open(path))
+    rows = data["rows"] if isinstance(data, dict) else data
+    links_path = os.path.join(results_dir, "fidelity", "fidelity_versions.json")
+    links = json.load(open(links_path)) if os.path.exists(links_path) else {}
+    from benchmarks.fidelity.settings import PROFILES
+
+    model = fig.full[fig.full.index("--models") + 1]
+    profile = os.path.join(ROOT, _opt(list(fig.full), "--profile")[1] if "--profile" in fig.full else PROFILES[model])
+    stale = []
+    for row in rows:
+        now = code_version(row["setting"], profile)
+        same = _same_as(now, links)
+        if row.get("version") not in same:
+            stale.append(f"{row['setting']} {row['ratio']:g}")
+    if stale:
+        return False, f"{len(stale)} of {len(rows)} rows not from the current code ({', '.join(stale[:4])}...)"
+    return True, f"all {len(rows)} rows from the current code"
+
+
+def _same_as(version: str, links: dict) -> set[str]:
+    """The version and every older version it was shown to answer like (fidelity_versions.json)."""
+    out = {version}
+    while version in links and links[version]["same_as"] not in out:
+        version = links[version]["same_as"]
+        out.add(version)
+    return out
+
+
+def status(fig: Figure, results_dir: str) -> tuple[bool, str]:
+    return (fidelity_status if fig.kind == "fidelity" else stamp_status)(fig, results_dir)
+
+
+# -- running -----------------------------------------------------------------------------------------
+def run(figs: list[Figure], quick: bool, dry_run: bool) -> int:
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    if quick:
+        env["TANGRAM_RESULTS_DIR"] = env.get("TANGRAM_RESULTS_DIR") or QUICK_DIR
+        for kind in KINDS:
+            os.makedirs(os.path.join(env["TANGRAM_RESULTS_DIR"], kind), exist_ok=True)
+    failed = []
+    for i, fig in enumerate(figs, 1):
+        cmd = fig.argv(quick)
+        print(f"[{time.strftime('%H:%M:%S')}] ({i}/{len(figs)}) {fig.name}: {' '.join(cmd[1:])}", flush=True)
+        if dry_run:
+            continue
+        t0 = time.perf_counter()
+        rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+        print(f"[{time.strftime('%H:%M:%S')}] {fig.name}: exit {rc} after {(time.perf_counter() - t0) / 60:.1f} min",
+              flush=True)
+        if rc:
+            failed.append(fig.name)
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--status", action="store_true", help="list each figure: current or not, and why; run nothing")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help=f"these figures only ({', '.join(f.name for f in FIGURES)})")
+    ap.add_argument("--quick", action="store_true", help="small sizes, results under TANGRAM_RESULTS_DIR (a trial)")
+    ap.add_argument("--all", action="store_true", help="run current figures too (fidelity still skips recorded answers)")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands only")
+    args = ap.parse_args(argv)
+    names = {f.name for f in FIGURES}
+    if args.only and (unknown := sorted(set(args.only) - names)):
+        ap.error(f"unknown figures {unknown}; known: {sorted(names)}")
+    figs = [f for f in FIGURES if not args.only or f.name in args.only]
+    results_dir = os.path.join(ROOT, "benchmarks", "results")
+    if args.status:
+        for fig in figs:
+            ok, why = status(fig, results_dir)
+            print(f"{'current' if ok else 'STALE  '}  {fig.name:28s} {why}")
+        return 0
+    if not args.quick and not args.all:
+        figs = [f for f in figs if f.kind == "fidelity" or not status(f, results_dir)[0]]
+    return run(figs, args.quick, args.dry_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""benchmarks.remeasure: which figures measured the current code, and the commands it runs."""
+
+import json
+
+import pytest
+
+from benchmarks import remeasure
+from benchmarks.remeasure import FIGURES, Figure, fidelity_status, stamp_status
+
+FIG = Figure("x", "serving", "benchmarks.serving.soak", ("--profile", "configs/smollm2-snapkv.yaml"), ())
+
+
+def _write(tmp_path, kind, name, data):
+    (tmp_path / kind).mkdir(exist_ok=True)
+    (tmp_path / kind / name).write_text(json.dumps(data))
+
+
+def test_unstamped_dirty_and_unknown_commits_are_not_current(tmp_path):
+    assert stamp_status(FIG, str(tmp_path)) == (False, "no results file")
+    _write(tmp_path, "serving", "x.json", {"rows": []})
+    assert stamp_status(FIG, str(tmp_path))[1].startswith("results not stamped")
+    _write(tmp_path, "serving", "x.json", {"stamp": {"commit": "abc1234-dirty"}})
+    assert stamp_status(FIG, str(tmp_path))[1] == "measured on uncommitted code (abc1234-dirty)"
+    _write(tmp_path, "serving", "x.json", {"stamp": {"commit": "0000000"}})
+    assert stamp_status(FIG, str(tmp_path)) == (False, "commit 0000000 is not in this repository")
+
+
+def test_a_stamped_commit_is_current_only_while_its_counted_files_are_unchanged(tmp_path, monkeypatch):
+    _write(tmp_path, "serving", "x.json", {"stamp": {"commit": "HEAD"}})
+    then = {"tangram_sglang/pool/page_pool.py": "a1", "configs/smollm2-snapkv.yaml": "b2"}
+    now = dict(then)
+    monkeypatch.setattr(remeasure, "files_at", lambda commit, fig: then if commit else now)
+    assert stamp_status(FIG, str(tmp_path)) == (True, "measured at HEAD")
+    now["tangram_sglang/pool/page_pool.py"] = "c3"
+    ok, why = stamp_status(FIG, str(tmp_path))
+    assert not ok and why.startswith("1 counted files changed since HEAD (tangram_sglang/pool/page_pool.py")
+
+
+def test_counted_files_are_the_served_package_the_module_and_its_profiles():
+    counted = lambda p: remeasure._counted(p, FIG)  # noqa: E731
+    assert counted("tangram_sglang/pool/page_pool.py") and counted("benchmarks/serving/soak.py")
+    assert counted("configs/smollm2-snapkv.yaml") and counted("configs/smollm2-snapkv.gate.safetensors")
+    assert not counted("tangram_sglang/oracle/serving_reference.py")       # never loaded by the server
+    assert not counted("tangram_sglang/calibration/pilot.py") and not counted("README.md")
+    assert not counted("configs/smollm2-fastkvzip.yaml") and not counted("benchmarks/serving/pressure.py")
+
+
+def test_files_at_head_lists_blobs_of_the_served_package():
+    files = remeasure.files_at("HEAD", FIG)
+    assert "tangram_sglang/pool/ragged_cache.py" in files and len(files["tangram_sglang/pool/ragged_cache.py"]) == 40
+    assert not any("/oracle/" in p for p in files)
+
+
+def test_fidelity_rows_count_when_run_or_linked_to_the_current_version(tmp_path, monkeypatch):
+    import benchmarks.fidelity.versions as versions
+
+    fig = next(f for f in FIGURES if f.name == "fidelity_gemma")
+    monkeypatch.setattr(versions, "code_version", lambda setting, profile: {"full": "F2", "tangram": "T3"}[setting])
+    rows = [{"setting": "full", "ratio": 1.0, "version": "F2"}, {"setting": "tangram", "ratio": 0.5, "version": "T1"}]
+    _write(tmp_path, "fidelity", "fidelity_gemma.json", {"rows": rows})
+    ok, why = fidelity_status(fig, str(tmp_path))
+    assert not ok and why.startswith("1 of 2 rows not from the current code (tangram 0.5")
+    _write(tmp_path, "fidelity", "fidelity_versions.json", {"T3": {"same_as": "T2"}, "T2": {"same_as": "T1"}})
+    assert fidelity_status(fig, str(tmp_path)) == (True, "all 2 rows from the current code")
+    rows[0].pop("version")                                  # reports written before rows carried versions
+    _write(tmp_path, "fidelity", "fidelity_gemma.json", {"rows": rows})
+    assert not fidelity_status(fig, str(tmp_path))[0]
+
+
+def test_quick_commands_never_write_the_committed_results():
+    for fig in FIGURES:
+        quick = " ".join(fig.quick)
+        assert "benchmarks/results" not in quick, fig.name
+        outs = [a for flag in ("--out", "--out-dir") if flag in fig.quick for a in [fig.quick[fig.quick.index(flag) + 1]]]
+        assert all(o.startswith(remeasure.QUICK_DIR) for o in outs), fig.name
+
+
+def test_unknown_figure_names_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        remeasure.main(["--only", "nope"])
+    assert "unknown figures ['nope']" in capsys.readouterr().err
