@@ -23,7 +23,8 @@ def build_tiny_llama(path: str, seed: int = 0):
 def build_tiny(arch: str, path: str, seed: int = 0):
     """A tiny random model of another architecture (same sizes as build_tiny_llama where they apply):
     qwen3 (q/k norms), qwen3_moe (4 experts, 2 per token), gemma3 (layers 0 and 2 attend to a
-    WINDOW-token window, layer 1 to everything; HF's Gemma3ForCausalLM, text only)."""
+    WINDOW-token window, layer 1 to everything; HF's Gemma3ForCausalLM, text only), gpt_oss (a window
+    layer and a full one, learned attention sinks, 4 experts)."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -42,6 +43,14 @@ def build_tiny(arch: str, path: str, seed: int = 0):
                                                                       "sliding_attention"],
                                   **{**common, "tie_word_embeddings": True})
         model = tf.Gemma3ForCausalLM(cfg)
+    elif arch == "gpt_oss":
+        # layer 0 attends to a WINDOW-token window, layer 1 to everything; 4 experts, 2 per token; the
+        # learned sinks drawn at random (they initialize to zero)
+        cfg = tf.GptOssConfig(num_hidden_layers=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                              sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], **common)
+        model = tf.GptOssForCausalLM(cfg)
+        for layer in model.model.layers:
+            torch.nn.init.normal_(layer.self_attn.sinks)
     else:
         raise ValueError(arch)
     model = model.eval()

@@ -35,7 +35,7 @@ SERVED = {  # with a profile today (tangram_sglang/sglang/compatibility.py, mode
     "LlamaForCausalLM": "yes",
     "Qwen3ForCausalLM": "yes",
     "Gemma3ForConditionalGeneration": "yes, text (multimodal inputs refused)",
-    "GptOssForCausalLM": "no: learned attention sinks",
+    "GptOssForCausalLM": "yes (learned sinks; SGLang's SWA pool off)",
     "Qwen3MoeForCausalLM": "yes (fused set-KV writes routed through the backend)",
 }
 

@@ -26,6 +26,15 @@ def merge_two(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torc
     return o, m_safe + torch.log(total)
 
 
+def add_sinks(o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Learned attention sinks (gpt-oss): one more logit per query head in the softmax, whose value
+    is zero. A result over keys K (o, lse) becomes o * sum_K e^s / (sum_K e^s + e^sink)
+    = o * sigmoid(lse - sink): o [..., Hq, d], lse float32 [..., Hq], sinks [Hq] -> o's shape and
+    dtype (an empty key set stays 0)."""
+    scale = torch.sigmoid(lse - sinks.to(torch.float32))
+    return (o.float() * scale[..., None]).to(o.dtype)
+
+
 def merge_by_item(o: torch.Tensor, lse: torch.Tensor, item: torch.Tensor, num_items: int):
     """Merge partials that share an item id.
 

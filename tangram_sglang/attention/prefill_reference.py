@@ -91,7 +91,7 @@ def ragged_prefill_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                cu_seqlens: torch.Tensor, k_pages: torch.Tensor,
                                v_pages: torch.Tensor, block_table: torch.Tensor,
                                seq_lens: torch.Tensor, meta: LayerMeta, sm_scale: float,
-                               *, tile: int = DEFAULT_TILE, fused: bool = False) -> torch.Tensor:
+                               *, tile: int = DEFAULT_TILE, fused: bool = False, return_lse: bool = False):
     """Chunk prefill attention of one layer.
 
     Parameters
@@ -108,12 +108,13 @@ def ragged_prefill_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
     Returns
     -------
-    o : [T, Hq, d] in q's dtype.
+    o : [T, Hq, d] in q's dtype (and lse float32 [T, Hq] if return_lse).
     """
     batch = cu_seqlens.numel() - 1
     req, pos, n = pad_index(cu_seqlens)
     if n == 0:
-        return torch.empty_like(q)
+        empty = torch.empty_like(q)
+        return (empty, q.new_empty(q.shape[:-1], dtype=torch.float32)) if return_lse else empty
     q_pad = _pad(q, req, pos, batch, n)
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
     k_pad, v_pad = _pad(k, req, pos, batch, n), _pad(v, req, pos, batch, n)
@@ -128,5 +129,6 @@ def ragged_prefill_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         pieces = tile_pieces(seq_lens, tile)
         o_old, lse_old = attend_cached(q_pad, k_pages, v_pages, block_table, seq_lens, meta, pieces, sm_scale,
                                        fused)
-    o, _ = merge_two(o_old, lse_old, o_self, lse_self)
-    return o[req, pos].to(q.dtype)
+    o, lse = merge_two(o_old, lse_old, o_self, lse_self)
+    o = o[req, pos].to(q.dtype)
+    return (o, lse[req, pos]) if return_lse else o

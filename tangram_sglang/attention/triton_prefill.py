@@ -84,19 +84,20 @@ def ragged_prefill_chunk_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                 cu_seqlens: torch.Tensor, k_pages: torch.Tensor,
                                 v_pages: torch.Tensor, block_table: torch.Tensor,
                                 seq_lens: torch.Tensor, meta: LayerMeta, sm_scale: float,
-                                *, split: SplitRow, block_n: int = 32) -> torch.Tensor:
+                                *, split: SplitRow, block_n: int = 32, return_lse: bool = False):
     """Chunk prefill attention of one layer (arguments as ragged_prefill_chunk_torch).
 
     split: the layer's SplitRow, which cuts the cached part like decode. block_table
     [B, G, max_pages] and seq_lens [B, G] need a unit last stride. Returns o [T, Hq, d]
-    in q's dtype.
+    in q's dtype (and lse float32 [T, Hq] if return_lse).
     """
     num_tokens = q.shape[0]
     if num_tokens == 0:
-        return torch.empty_like(q)
+        empty = torch.empty_like(q)
+        return (empty, q.new_empty(q.shape[:-1], dtype=torch.float32)) if return_lse else empty
     req, start = token_requests(cu_seqlens, num_tokens)
     o_old, lse_old = ragged_decode_triton(q, k_pages, v_pages, block_table, seq_lens.index_select(0, req), meta,
                                           split, sm_scale, block_n=block_n, return_lse=True, rows=req)
     o_self, lse_self = chunk_self_attention_triton(q, k, v, start, sm_scale, block_n=block_n)
-    o, _ = merge_two(o_old.float(), lse_old, o_self, lse_self)
-    return o.to(q.dtype)
+    o, lse = merge_two(o_old.float(), lse_old, o_self, lse_self)
+    return (o.to(q.dtype), lse) if return_lse else o.to(q.dtype)

@@ -4,10 +4,14 @@ Llama / Qwen2: pre-norm blocks, one RoPE, scale 1 / sqrt(d). Qwen3 adds q/k RMS 
 q/k norms, sandwich norms (each sub-block's output normed before the residual add), scaled
 embeddings (inside its embedding module), a query scale of query_pre_attn_scalar ** -0.5, a RoPE per
 layer type and sliding-window layers (a query at position i sees keys i - window + 1 .. i).
+gpt-oss: window layers, learned attention sinks (one logit per query head in the softmax, value
+zero), a mixture-of-experts MLP returning (hidden, router scores), its own RoPE application.
 Everything here reads the model's own modules: the oracle stays independent of the served data plane.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -29,6 +33,7 @@ class DenseDecoder:
         self.layer_types = getattr(cfg, "layer_types", None) if hasattr(self.inner.rotary_emb, "layer_types") else None
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.sandwich = hasattr(self.inner.layers[0], "pre_feedforward_layernorm")
+        self.rotate = getattr(sys.modules[type(model).__module__], "apply_rotary_pos_emb", apply_rotary_pos_emb)
 
     @property
     def num_layers(self) -> int:
@@ -55,8 +60,13 @@ class DenseDecoder:
         v = attn.v_proj(hidden).view(n, self.num_kv, self.head_dim)
         if hasattr(attn, "q_norm"):
             q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+        q, k = self.rotate(q, k, *cos_sin)
         return q[0].transpose(0, 1), k[0].transpose(0, 1), v
+
+    def sinks(self, layer: int) -> torch.Tensor | None:
+        """float32 [Hq] learned sink logits of the layer (gpt-oss), or None."""
+        sinks = getattr(self.inner.layers[layer].self_attn, "sinks", None)
+        return None if sinks is None else sinks.float()
 
     def attention_input(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         return self.inner.layers[layer].input_layernorm(x)
@@ -69,6 +79,8 @@ class DenseDecoder:
             x = x + block.post_attention_layernorm(o)
             return x + block.post_feedforward_layernorm(block.mlp(block.pre_feedforward_layernorm(x)))
         x = x + o
+        if hasattr(block.mlp, "router"):   # gpt-oss's experts: [batch, n, D] in, (hidden, router scores) out
+            return x + block.mlp(block.post_attention_layernorm(x)[None])[0][0]
         return x + block.mlp(block.post_attention_layernorm(x))
 
     def logits(self, x_last: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,8 @@ Semantics for one request, greedy, float32:
   {p < s : kept[l][h][p]}  ∪  {s <= p <= i}: earlier chunks compressed,
   the current chunk causal and uncompressed. A sliding-window layer (Gemma 3) keeps every
   position and limits each query at i to keys i - window + 1 .. i; selection skips it (and a
-  model-scope selection spans the full-attention layers only, as calibration does).
+  model-scope selection spans the full-attention layers only, as calibration does). Learned
+  sinks (gpt-oss) add one logit per query head to every softmax, with a zero value.
 * After the chunk's attention in layer l, the method's scorer rates the chunk
   (one ScorerState per layer for the whole request) and a selection policy
   marks what each head keeps. The served policy (``ProfileSelection``): each
@@ -122,11 +123,12 @@ def allowed_keys(kept_before: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
-                     scale: float | None = None) -> torch.Tensor:
+                     scale: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax attention over the allowed keys only: [n, Hq, d].
 
     q: [n, Hq, d]; k, v: [T, H, d]; allowed: bool [H, n, T], shared by the
-    Hq // H query heads of each KV head. Scale: 1 / sqrt(d) unless given.
+    Hq // H query heads of each KV head. Scale: 1 / sqrt(d) unless given. sinks: float [Hq],
+    one more logit per query head in each softmax, whose value is zero (gpt-oss).
     """
     n, num_q, d = q.shape
     group = num_q // k.shape[1]
@@ -135,7 +137,12 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
     logits = torch.matmul(q.transpose(0, 1), keys.transpose(1, 2))  # [Hq, n, T]
     logits = logits / math.sqrt(d) if scale is None else logits * scale
     mask = allowed.repeat_interleave(group, dim=0)
-    probs = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+    logits = logits.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink = sinks.view(num_q, 1, 1).expand(num_q, n, 1)
+        probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+        return torch.matmul(probs, vals).transpose(0, 1)
+    probs = torch.softmax(logits, dim=-1)
     return torch.matmul(probs, vals).transpose(0, 1)
 
 
@@ -274,7 +281,7 @@ class _DenseTangram:
             cache.append(k, v)
             if not compress:
                 self._store(cache, start, start + n)  # decode: written, then read
-            out = masked_attention(q, cache.k, cache.v, allowed, arch.scale)
+            out = masked_attention(q, cache.k, cache.v, allowed, arch.scale, arch.sinks(layer))
             x = arch.after_attention(layer, x, out)
             if compress and not self.scorer.needs_reconstruction:
                 self._compress(layer, q, k, v, start, hidden)

@@ -14,6 +14,9 @@ decode: appends one slot per virtual layer). Per layer:
   its own length, cut by the profile's split map (tiles on CPU), reading each
   request's block table in place (DeviceBlockTables, through the batch's rows).
 
+Learned attention sinks (gpt-oss: SGLang passes the layer's ``sinks``) enter every data plane's
+result the same way, from its log-sum-exp (attention/merge.py add_sinks).
+
 Kernels (serving/data_plane.py, --tangram-data-plane): on CUDA the Triton
 split-map decode kernel (or, with ``cuda``, the CUDA one) and the Triton chunk
 prefill (no host sync); elsewhere the torch data plane of
@@ -37,11 +40,13 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from tangram_sglang.attention import ragged_decode_torch, ragged_prefill_chunk_torch, write_decode_kv
+from tangram_sglang.attention.merge import add_sinks
 from tangram_sglang.serving.chunk_writer import ChunkWriter
 from tangram_sglang.sglang.model_writes import learned_sinks, route_kv_writes_through_backend, window_mismatches
 from tangram_sglang.serving.decode_graph import DecodeGraph
 
 CPU_TILE = 256
+SINK_MODELS = ("GptOssForCausalLM",)   # one sink logit per query head, value zero: add_sinks
 logger = logging.getLogger("tangram_sglang")
 
 
@@ -53,9 +58,9 @@ class TangramAttnBackend(AttentionBackend):
             raise RuntimeError("the tangram attention backend needs --tangram-profile")
         self.context = self.serving.context
         sinks = learned_sinks(model_runner.model)
-        if sinks:
-            raise RuntimeError(f"--tangram-profile: {sinks[0]} has learned attention sinks, which the ragged "
-                               "attention kernels do not add to the softmax: serve this model without a profile")
+        if sinks and type(model_runner.model).__name__ not in SINK_MODELS:
+            raise RuntimeError(f"--tangram-profile: {sinks[0]} has learned attention sinks, served for "
+                               f"{', '.join(SINK_MODELS)} only: serve this model without a profile")
         windows = window_mismatches(model_runner.model, self.context.profile.model.windows)
         if windows:
             raise RuntimeError(f"--tangram-profile: {windows[0]}: the profile was made for other windows")
@@ -148,12 +153,17 @@ class TangramAttnBackend(AttentionBackend):
         o = self.scoring.attention(layer, q3, k3, v3)
         if o is not None:  # the scorer's own pass (KVzip's reconstruction): nothing is stored
             return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+        sinks = kwargs.get("sinks")
         if self.kernels and not meta.window:   # window layers: the reference's masks (no Triton window yet)
             o = self._prefill_triton(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
-                                     plan.seq_lens[lid], meta, layer.scaling, split=self.context.split_rows[lid])
+                                     plan.seq_lens[lid], meta, layer.scaling, split=self.context.split_rows[lid],
+                                     return_lse=sinks is not None)
         else:
             o = ragged_prefill_chunk_torch(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
-                                           plan.seq_lens[lid], meta, layer.scaling, fused=True)
+                                           plan.seq_lens[lid], meta, layer.scaling, fused=True,
+                                           return_lse=sinks is not None)
+        if sinks is not None:
+            o = add_sinks(*o, sinks)
         if save_kv_cache:
             self.scoring.chunk(lid, q3, k3, v3)
         return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
@@ -169,8 +179,11 @@ class TangramAttnBackend(AttentionBackend):
                             k_pages, v_pages)
         decode = self._decode_kernel if self.kernels else ragged_decode_torch
         kw = {} if self.kernels else {"tile": self.tile}
+        sinks = kwargs.get("sinks")
         o = decode(q3, k_pages, v_pages, plan.block_table[lid], plan.seq_lens[lid], meta,
-                   self.context.split_rows[lid], layer.scaling, rows=plan.rows, **kw)
+                   self.context.split_rows[lid], layer.scaling, rows=plan.rows, return_lse=sinks is not None, **kw)
+        if sinks is not None:
+            o = add_sinks(*o, sinks)
         return o.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def support_triton(self):

@@ -12,6 +12,10 @@ import os
 from tangram_sglang.profile import ProfileError
 from tangram_sglang.profile.format import SLIDING, layer_kinds
 
+# SGLang's hybrid-SWA models served under a profile (their window layers in the ragged pool, SGLang's
+# SWA pool off: server_args.serving_overrides); gpt-oss's learned sinks: attention/merge.py add_sinks
+HYBRID_SERVED = {"GptOssForCausalLM"}
+
 OPTIONS = [  # (ServerArgs field, unsupported when, why)
     ("pp_size", lambda v: (v or 1) > 1, "pipeline parallelism: the pool is built for every layer in one process"),
     ("dp_size", lambda v: (v or 1) > 1, "data parallelism inside one server: run replicas behind sglang-router"),
@@ -77,10 +81,10 @@ def check_server_args(server_args) -> None:
         raise UnsupportedOption(
             f"model {sorted(arch)[0] if arch else ''} ({len(other)} of {_num_layers(config)} layers: {kinds})",
             "the ragged pool serves full-attention and sliding-window layers only")
-    if arch and SLIDING in _window_kinds(config).values() and _sglang_hybrid_swa(arch):
+    if arch and SLIDING in _window_kinds(config).values() and _sglang_hybrid_swa(arch) and not arch & HYBRID_SERVED:
         raise UnsupportedOption(
-            f"model {sorted(arch)[0]}", "SGLang serves it from its hybrid SWA pool (with learned attention sinks "
-            "for gpt-oss); with a profile Tangram serves the window layers of Gemma 2 / 3 only (no learned sinks yet)")
+            f"model {sorted(arch)[0]}", "SGLang serves it from its hybrid SWA pool; with a profile Tangram serves "
+            f"the window layers of Gemma 2 / 3 and {', '.join(sorted(HYBRID_SERVED))} only")
 
 
 def _window_kinds(config: dict) -> dict[int, str]:

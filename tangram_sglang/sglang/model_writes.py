@@ -52,7 +52,8 @@ def window_mismatches(model, windows) -> list[str]:
     """Attention layers whose SGLang window differs from ``windows`` (per layer, 0: full attention)."""
     bad = []
     for name, m in model.named_modules():
-        if not hasattr(m, "sliding_window_size") or not hasattr(m, "layer_id"):
+        # the attention modules themselves (gpt-oss's decoder layers carry the model's window whatever their type)
+        if type(m).__name__ != "RadixAttention" or not hasattr(m, "sliding_window_size"):
             continue
         sws = m.sliding_window_size
         served = int(sws) + 1 if sws is not None and sws >= 0 else 0

@@ -76,6 +76,17 @@ def _register_backends() -> None:
         register_radix_cache_backend("tangram", _create_tree)
 
 
+def _register_resolution_hooks() -> None:
+    """Wrappers of ServerArgs resolution steps (SGLang's own registry), once per process."""
+    from sglang.srt.arg_groups.resolution_hooks import _HOOKS, register_resolution_hook
+
+    from tangram_sglang.sglang.server_args import sinks_backend_check
+
+    step = "handle_model_specific_adjustments"
+    if sinks_backend_check not in _HOOKS.get(step, ()):
+        register_resolution_hook(step)(sinks_backend_check)
+
+
 def _create_backend(runner):
     from tangram_sglang.sglang.backend import TangramAttnBackend
 
@@ -120,4 +131,5 @@ def register() -> None:
     for target, kind, body in hooks:
         HookRegistry.register(target, body, getattr(HookType, kind))
     _register_backends()
+    _register_resolution_hooks()
     _patch_engine()

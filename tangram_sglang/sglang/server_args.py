@@ -64,7 +64,8 @@ def serving_overrides(profile: TangramProfile | None, data_plane: str | None = "
 
     out = {"attention_backend": "tangram", "radix_cache_backend": "tangram", "page_size": 1,
            "chunked_prefill_size": chunk_size_of(profile), "disable_prefill_cuda_graph": True,
-           "enable_mixed_chunk": False}
+           "enable_mixed_chunk": False,
+           "disable_hybrid_swa_memory": True}   # gpt-oss: its window layers live in the ragged pool
     if not decode_graphs_possible(data_plane, device):
         out["disable_cuda_graph"] = True
     return out
@@ -174,6 +175,28 @@ def engine_server_args_factory(server_args_cls):
 
     build.tangram_wrapped = server_args_cls
     return build
+
+
+def sinks_backend_check(server_args, previous) -> None:
+    """Resolution hook around SGLang's handle_model_specific_adjustments: for gpt-oss it asserts an
+    attention backend that adds learned sinks; the tangram backend adds them too (attention/merge.py
+    add_sinks), so while that step runs a served hybrid model sees tangram as such a backend."""
+    from sglang.srt.arg_groups import model_hook
+
+    from tangram_sglang.sglang.compatibility import HYBRID_SERVED
+
+    try:
+        arch = (model_hook.model_config_of(server_args).hf_config.architectures or [""])[0]
+    except Exception:  # no local config (a connector): SGLang's step decides alone
+        arch = ""
+    real = model_hook.attention_backends_of
+    if arch not in HYBRID_SERVED:
+        return previous(server_args)
+    model_hook.attention_backends_of = lambda cfg: tuple("triton" if b == "tangram" else b for b in real(cfg))
+    try:
+        previous(server_args)
+    finally:
+        model_hook.attention_backends_of = real
 
 
 def served_profile(server_args) -> ServedProfile | None:

@@ -1,8 +1,10 @@
 """Architectures beyond Llama / Qwen2 on CPU: stock SGLang's greedy tokens equal HF's for a tiny random
 model of each; Qwen3 (q/k norms) and Qwen3-MoE (whose SGLang code would write K/V itself through the
 fused set-KV path on a GPU: under a profile it writes through the Tangram backend, sglang/model_writes.py)
-with a 1.0 profile give them too, a second turn read from the tree included; so does the hybrid Gemma 3
-(two layers attend to a 24-token window, which the prompts and the second turn reach past)."""
+with a 1.0 profile give them too, a second turn read from the tree included; so do the hybrids Gemma 3
+(two layers attend to a 24-token window, which the prompts and the second turn reach past) and gpt-oss
+(a window layer, learned attention sinks, experts: stock SGLang 0.5.23 cannot run it on a CPU, its
+torch_native backend has no sinks)."""
 
 import atexit
 
@@ -44,7 +46,7 @@ def test_stock_matches_hf(tiny):
     assert outs == hf and info is None
 
 
-@pytest.mark.parametrize("tiny", ["qwen3", "qwen3_moe", "gemma3"], indirect=True)
+@pytest.mark.parametrize("tiny", ["qwen3", "qwen3_moe", "gemma3", "gpt_oss"], indirect=True)
 def test_full_profile_matches_hf_across_turns(tiny, tmp_path):
     path, model, hf = tiny
     profile = tmp_path / "u.yaml"
@@ -71,9 +73,9 @@ def _chunk16(profile, method: str | None = None) -> None:
 LONG = [list(range(3, 153)), [(7 * i) % 500 + 2 for i in range(97)]]  # past the window and the protected newest 64
 
 
-@pytest.mark.parametrize("tiny", ["gemma3"], indirect=True)
+@pytest.mark.parametrize("tiny", ["gemma3", "gpt_oss"], indirect=True)
 def test_window_layers_across_compression_chunks(tiny, tmp_path):
-    """Gemma 3 in 16-token compression chunks: the 57-token prompt's window (24) spans chunks, so
+    """Gemma 3 and gpt-oss (learned sinks too) in 16-token compression chunks: the 57-token prompt's window (24) spans chunks, so
     chunk queries read their window from the pages too. At 1.0: HF's tokens, both turns. At 0.5 the
     full-attention layer is compressed (SnapKV) and the window layers keep every token: the dense
     oracle's tokens on prompts longer than the protected newest 64, a second turn served, pool intact."""

@@ -255,10 +255,11 @@ def test_full_budget_matches_hf_greedy_tiny_qwen2():
     assert generate(model, uniform_entry(model, 1.0), prompt, chunk_size=6, max_new_tokens=8) == want
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "gpt_oss"])
 def test_full_budget_matches_hf_greedy_other_architectures(arch, tmp_path):
-    """Qwen3 (q/k norms) and Gemma 3 (sandwich norms, a RoPE per layer type, two layers attending to a
-    24-token window that the 57-token prompt reaches past) run through the same layer loop."""
+    """Qwen3 (q/k norms), Gemma 3 (sandwich norms, a RoPE per layer type, two layers attending to a
+    24-token window that the 57-token prompt reaches past) and gpt-oss (a window layer, learned sinks,
+    experts) run through the same layer loop."""
     from tiny_model import PROMPTS, build_tiny, hf_greedy
 
     model = build_tiny(arch, str(tmp_path))

@@ -119,3 +119,19 @@ def test_fp8_pages_decode_matches_dense(shape, page_size, batch, max_len, kv_dty
         out = ragged_decode_torch(q, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens, cache.meta,
                                   split, 0.25, tile=tile)
         torch.testing.assert_close(out, _expected(cache, q, 0.25), atol=3e-5, rtol=1e-4)
+
+
+def test_learned_sinks_from_the_lse_equal_a_sink_column():
+    """gpt-oss's sinks: add_sinks(o, lse) equals the dense softmax with a zero-valued sink column; a query
+    whose groups hold nothing stays 0."""
+    from tangram_sglang.attention.dense import dense_decode
+    from tangram_sglang.attention.merge import add_sinks
+
+    cache = _case((4, 2, 2), 4, 2, 33, seed=8)
+    q, sinks = torch.randn(2, 8, 16), torch.randn(8) * 2
+    o, lse = ragged_decode_torch(q, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens,
+                                 cache.meta, make_split_row([3, 1]), 0.5, tile=4, return_lse=True)
+    want = dense_decode(q, cache.k_full, cache.v_full, cache.keep, 0.5, sinks)
+    torch.testing.assert_close(add_sinks(o, lse, sinks), want, atol=2e-5, rtol=1e-4)
+    empty = torch.full((2, 8), float("-inf"))
+    assert torch.equal(add_sinks(torch.zeros(2, 8, 16), empty, sinks), torch.zeros(2, 8, 16))

@@ -15,13 +15,13 @@ from tangram_sglang.attention.testing import make_ragged_cache
 SHAPES = [(4, 1, 1), (4, 3, 2), (5, 2, 4), (3, 3, 2)]  # (H, gqa, H_p)
 
 
-def _dense(cache, q, k, v, cu, scale):
+def _dense(cache, q, k, v, cu, scale, sinks=None):
     outs = []
     for b in range(len(cu) - 1):
         a, e = cu[b], cu[b + 1]
         n_hist = int(cache.hist_lens[b])
         outs.append(dense_prefill(q[a:e], cache.k_full[b, :n_hist], cache.v_full[b, :n_hist],
-                                  cache.keep[b, :, :n_hist], k[a:e], v[a:e], scale))
+                                  cache.keep[b, :, :n_hist], k[a:e], v[a:e], scale, sinks))
     return torch.cat(outs)
 
 
@@ -47,6 +47,26 @@ def test_prefill_matches_dense(shape, page_size, chunk_lens, max_len, tile, fuse
                                      cache.v_pages, cache.block_table, cache.seq_lens, cache.meta, 0.25,
                                      tile=tile, fused=fused)
     torch.testing.assert_close(out, _dense(cache, q, k, v, cu, 0.25), atol=3e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_learned_sinks_enter_through_the_log_sum_exp(fused):
+    """gpt-oss: a sink logit per query head (value zero) in every softmax: add_sinks on the data plane's
+    (o, lse) equals the dense softmax with the sink as one more column; no sinks, the same o."""
+    from tangram_sglang.attention.merge import add_sinks
+
+    h, gqa, hp, d = 4, 3, 2, 16
+    lens = np.array([[5, 0], [19, 7]])
+    cache = make_ragged_cache(lens, num_kv_heads=h, gqa=gqa, heads_per_group=hp, head_dim=d, page_size=4, seed=3)
+    cu = [0, 6, 23]
+    q, k, v = torch.randn(23, h * gqa, d), torch.randn(23, h, d), torch.randn(23, h, d)
+    sinks = torch.randn(h * gqa) * 2
+    args = (q, k, v, torch.tensor(cu, dtype=torch.int32), cache.k_pages, cache.v_pages, cache.block_table,
+            cache.seq_lens, cache.meta, 0.25)
+    o, lse = ragged_prefill_chunk_torch(*args, tile=4, fused=fused, return_lse=True)
+    torch.testing.assert_close(o, ragged_prefill_chunk_torch(*args, tile=4, fused=fused))
+    torch.testing.assert_close(add_sinks(o, lse, sinks), _dense(cache, q, k, v, cu, 0.25, sinks), atol=3e-5, rtol=1e-4)
+    assert not torch.allclose(add_sinks(o, lse, sinks), o, atol=1e-3)
 
 
 @pytest.mark.parametrize("lens,hq,h", [([17, 5, 1], 6, 2), ([54], 9, 3), ([1], 4, 4), ([16, 0], 2, 1)])

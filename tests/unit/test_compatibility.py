@@ -104,8 +104,8 @@ def test_dense_memory_window_models_pass(tmp_path, config):
 
 
 @pytest.mark.parametrize("config,named,why", [
-    ({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 4, "sliding_window": 128,
-      "layer_types": ["sliding_attention", "full_attention"] * 2}, "model GptOssForCausalLM",
+    ({"architectures": ["Gemma4ForCausalLM"], "num_hidden_layers": 4, "sliding_window": 128,
+      "layer_types": ["sliding_attention", "full_attention"] * 2}, "model Gemma4ForCausalLM",
      "hybrid SWA pool"),
     ({"architectures": ["Llama4ForCausalLM"], "num_hidden_layers": 4,
       "layer_types": ["chunked_attention", "full_attention"] * 2},
@@ -117,6 +117,23 @@ def test_other_hybrids_are_refused(tmp_path, config, named, why):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedOption, match=named + ".*" + why):
         check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cpu"))
+
+
+def test_gpt_oss_is_served_with_sglangs_swa_pool_off(tmp_path):
+    """gpt-oss (SGLang's hybrid SWA pool, learned sinks) passes the check; under a profile SGLang's SWA
+    pool is off (its window layers live in the ragged pool)."""
+    from tangram_sglang.sglang.server_args import serving_overrides
+    from tangram_sglang.profile.uniform import uniform_profile
+    from tangram_sglang.profile import ModelShape
+
+    config = {"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 4, "sliding_window": 128,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16, "hidden_size": 64,
+              "layer_types": ["sliding_attention", "full_attention"] * 2}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cpu"))
+    profile = uniform_profile(ModelShape.from_hf_config(config), [1.0], parallel_capacity=4)
+    assert profile.model.window_layers == (0, 2) and profile.model.window == 128
+    assert serving_overrides(profile, "torch", "cpu")["disable_hybrid_swa_memory"] is True
 
 
 def test_window_layers_refuse_the_cuda_kernel():
@@ -140,3 +157,20 @@ def test_qwen2_sliding_window_field_unused_is_not_a_window_model(tmp_path):
         {"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 24, "sliding_window": 32768,
          "use_sliding_window": False, "max_window_layers": 21}))
     check_server_args(SimpleNamespace(model_path=str(tmp_path), device="cpu"))
+
+
+@pytest.mark.parametrize("arch,seen", [("GptOssForCausalLM", ("triton", "triton")), ("LlamaForCausalLM", ("tangram", "tangram"))])
+def test_gpt_oss_backend_assertion_sees_a_sinks_backend(monkeypatch, arch, seen):
+    """SGLang asserts gpt-oss runs on a backend with sinks: while that step runs, tangram reads as one
+    (for the served hybrids only), and the step's own function is back afterwards."""
+    from sglang.srt.arg_groups import model_hook
+
+    from tangram_sglang.sglang.server_args import sinks_backend_check
+
+    real = model_hook.attention_backends_of
+    monkeypatch.setattr(model_hook, "model_config_of",
+                        lambda args: SimpleNamespace(hf_config=SimpleNamespace(architectures=[arch])))
+    cfg = SimpleNamespace(attention_backend="tangram", prefill_attention_backend=None, decode_attention_backend=None)
+    got = []
+    sinks_backend_check(cfg, lambda args: got.append(model_hook.attention_backends_of(args)))
+    assert got == [seen] and model_hook.attention_backends_of is real

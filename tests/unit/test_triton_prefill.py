@@ -55,3 +55,21 @@ def test_triton_prefill_matches_reference_and_dense(shape, page_size, chunk_lens
                                       split=split.to(DEVICE), block_n=16)
     torch.testing.assert_close(out.cpu(), ref, atol=3e-5, rtol=1e-4)
     torch.testing.assert_close(out.cpu(), _dense(cache, q, k, v, cu.tolist(), 0.25), atol=3e-5, rtol=1e-4)
+
+
+def test_triton_prefill_lse_gives_the_sinks_of_the_reference():
+    """return_lse: the Triton chunk prefill's (o, lse) give gpt-oss's sinks (add_sinks) as the torch reference's do."""
+    from tangram_sglang.attention.merge import add_sinks
+
+    h, gqa, hp, d = 4, 2, 2, 16
+    cache = make_ragged_cache(np.array([[9, 0], [3, 12]]), num_kv_heads=h, gqa=gqa, heads_per_group=hp, head_dim=d,
+                              page_size=4, seed=5)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    q, k, v = torch.randn(12, h * gqa, d), torch.randn(12, h, d), torch.randn(12, h, d)
+    sinks = torch.randn(h * gqa)
+    args = (q, k, v, cu, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens)
+    ref = add_sinks(*ragged_prefill_chunk_torch(*args, cache.meta, 0.25, return_lse=True), sinks)
+    dev = lambda x: x if DEVICE == "cpu" else x.to(DEVICE)  # noqa: E731
+    o, lse = ragged_prefill_chunk_triton(*map(dev, args), cache.meta.to(DEVICE), 0.25,
+                                         split=make_split_row([2, 1]).to(DEVICE), block_n=16, return_lse=True)
+    torch.testing.assert_close(add_sinks(o, lse, dev(sinks)).cpu(), ref, atol=3e-5, rtol=1e-4)
