@@ -17,6 +17,8 @@ request waits (NO_TOKEN), exactly like SGLang's token budget.
 
 from __future__ import annotations
 
+import os
+
 from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_policy import (
     CLIP_MAX_NEW_TOKENS,
@@ -157,20 +159,30 @@ def touch_waiting_histories(original, policy, active, waiting_queue):
     entry, and admitting the turns ahead of it evicts least recently used leaves first: without
     the touch those are the histories of the turns that run next, so a pool holding most sessions'
     histories reuses few of them. The touch walks the tree only (no split, no allocation): it
-    changes which histories survive pressure, never what is computed from a history found."""
+    changes which histories survive pressure, never what is computed from a history found.
+
+    Stock SGLang (no profile) gets the same touch with TANGRAM_REFRESH_WAITING=1 (stock_refresh): the
+    baseline that isolates what the refresh alone gives."""
     tree = policy.tree_cache
-    if (serving_of(tree) is None or isinstance(active, CacheAwarePolicy) or not waiting_queue
-            or not envs.SGLANG_ENABLE_WAITING_PREFIX_REFRESH.get()
-            or not isinstance(tree.eviction_strategy, LRUStrategy)):
+    if ((serving_of(tree) is None and not stock_refresh(tree)) or isinstance(active, CacheAwarePolicy)
+            or not waiting_queue or not envs.SGLANG_ENABLE_WAITING_PREFIX_REFRESH.get()
+            or not isinstance(getattr(tree, "eviction_strategy", None), LRUStrategy)):
         return original(policy, active, waiting_queue)
     head = _touch_head(waiting_queue)
     order = tuple(r.rid for r in head)
-    if order == tree.touched_order:
+    if order == getattr(tree, "touched_order", None):
         return None
     tree.touched_order = order
     for req in reversed(head):
         touch_waiting_prefix(req, tree)
     return None
+
+
+def stock_refresh(tree) -> bool:
+    """TANGRAM_REFRESH_WAITING=1 on a stock tree SGLang itself would refresh (its radix tree, prefix
+    sharing, no fast-match path): Tangram's waiting-queue touch without a profile."""
+    return (os.environ.get("TANGRAM_REFRESH_WAITING") == "1" and tree.supports_prefix_sharing()
+            and not tree.supports_fast_match_prefix())
 
 
 # A touch walks each request's whole key (~20 ns a token): this bounds one pass's walk (~5 ms).

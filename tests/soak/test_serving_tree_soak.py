@@ -517,3 +517,29 @@ def test_touch_is_bounded_by_tokens_per_pass(monkeypatch):
     assert [r.rid for r in scheduling._touch_head(queue)] == ["w0", "w1"]
     monkeypatch.setattr(scheduling, "TOUCH_TOKENS_PER_PASS", 10)
     assert [r.rid for r in scheduling._touch_head(queue)] == ["w0"]
+
+
+def test_stock_tree_gets_the_touch_with_tangram_refresh_waiting(monkeypatch):
+    """No profile: SGLang's own refresh, unless TANGRAM_REFRESH_WAITING=1 (the baseline that isolates
+    the refresh): then the waiting heads are touched head last, once per change of the queue."""
+    from sglang.srt.managers.schedule_policy import CacheAgnosticPolicy
+    from sglang.srt.mem_cache.evict_policy import LRUStrategy
+
+    from tangram_sglang.sglang import scheduling
+
+    touched, stock = [], []
+    monkeypatch.setattr(scheduling, "touch_waiting_prefix", lambda req, tree: touched.append(req.rid))
+    tree = SimpleNamespace(eviction_strategy=LRUStrategy(), supports_prefix_sharing=lambda: True,
+                           supports_fast_match_prefix=lambda: False)
+    policy = SimpleNamespace(tree_cache=tree)
+    queue = [SimpleNamespace(rid=f"w{i}", origin_input_ids=[1] * 10, output_ids=[]) for i in range(3)]
+    original = lambda *a: stock.append(a)  # noqa: E731
+    scheduling.touch_waiting_histories(original, policy, CacheAgnosticPolicy.FCFS, queue)
+    assert len(stock) == 1 and not touched
+    monkeypatch.setenv("TANGRAM_REFRESH_WAITING", "1")
+    scheduling.touch_waiting_histories(original, policy, CacheAgnosticPolicy.FCFS, queue)
+    scheduling.touch_waiting_histories(original, policy, CacheAgnosticPolicy.FCFS, queue)  # unchanged: no walk
+    assert len(stock) == 1 and touched == ["w2", "w1", "w0"]
+    tree.supports_fast_match_prefix = lambda: True        # a tree SGLang itself does not refresh
+    scheduling.touch_waiting_histories(original, policy, CacheAgnosticPolicy.FCFS, queue[1:])
+    assert len(stock) == 2
