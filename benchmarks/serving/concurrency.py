@@ -186,15 +186,30 @@ def log_findings(path: str) -> dict:
 
 
 KV_BYTES = {"fp8_e4m3": 1, "fp8_e5m2": 1}  # per value; "auto": --model-kv-bytes (the model's KV type)
+# stock SGLang as a user could run it (--stock-variants): (extra server arguments, extra environment)
+STOCK_VARIANTS = {
+    "fcfs": ([], {}),                                             # SGLang's default
+    "lpm": (["--schedule-policy", "lpm"], {}),                    # longest prefix match first
+    "refresh": ([], {"TANGRAM_REFRESH_WAITING": "1"}),             # Tangram's waiting-queue refresh, no profile
+    "lpm-refresh": (["--schedule-policy", "lpm"], {"TANGRAM_REFRESH_WAITING": "1"}),
+}
+
+
+def is_plain_stock(m: dict) -> bool:
+    """The reference of 'vs stock': stock SGLang as launched by default (fcfs), the model's KV type."""
+    return m["ratio"] is None and m.get("kv_cache_dtype", "auto") == "auto" and m.get("stock_variant", "fcfs") == "fcfs"
 
 
 def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: float | None,
-             total_tokens: int, kv_dtype: str = "auto") -> dict:
+             total_tokens: int, kv_dtype: str = "auto", variant: str = "fcfs") -> dict:
     """One server's run. total_tokens: full-KV tokens of the pool bytes at float32; with an FP8 kv_dtype
-    the server gets the tokens those bytes hold at one byte a value (the same bytes)."""
+    the server gets the tokens those bytes hold at one byte a value (the same bytes). variant: a
+    STOCK_VARIANTS key (stock servers only)."""
     group = total_tokens
     total_tokens = total_tokens * args.model_kv_bytes // KV_BYTES.get(kv_dtype, args.model_kv_bytes)
     extra = ["--max-total-tokens", str(total_tokens)] + (["--kv-cache-dtype", kv_dtype] if kv_dtype != "auto" else [])
+    variant_args, variant_env = STOCK_VARIANTS[variant]
+    extra += variant_args
     profile = None
     if ratio is not None:
         profile = os.path.join(ROOT, args.profile)
@@ -202,7 +217,9 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
     log(f"[{name}] starting server on port {port} (--max-total-tokens {total_tokens}"
         + (f", profile {args.profile} ratio {ratio})" if profile else ")"))
     t_launch = time.perf_counter()
-    with ServerProcess(model_path, port=port, profile=profile, extra_args=extra) as srv:
+    server = ServerProcess(model_path, port=port, profile=profile, extra_args=extra)
+    server.env.update(variant_env)
+    with server as srv:
         log(f"[{name}] server ready in {time.perf_counter() - t_launch:.0f} s; log {srv.log_path}")
         info0 = get_json(srv.url + "/server_info")
         served_T = info0.get("max_total_num_tokens")
@@ -218,6 +235,7 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
     tangram = st.get("tangram") or {}
     pool = tangram.get("pool_info")
     out = dict(mode=name, ratio=ratio, max_total_tokens=total_tokens, bytes_of_tokens=group, kv_cache_dtype=kv_dtype,
+               stock_variant=variant if ratio is None else None,
                server_max_total_num_tokens=served_T, batch_counters=counters,
                peak_running=counters.get("peak_running"),
                peak_running_polled=max((s.get("running") or 0 for s in run["samples"]), default=None),
@@ -234,11 +252,12 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
     return out
 
 
-def launch_refused(name: str, model_path: str, port: int, args, wl: Workload, ratio, total: int, kv_dtype: str):
+def launch_refused(name: str, model_path: str, port: int, args, wl: Workload, ratio, total: int, kv_dtype: str,
+                   variant: str = "fcfs"):
     """run_mode, or None with the reason logged when the server does not start (stock SGLang 0.5.23
     refuses FP8 KV on a CPU without Intel AMX)."""
     try:
-        return run_mode(name, model_path, port, args, wl, ratio, total, kv_dtype)
+        return run_mode(name, model_path, port, args, wl, ratio, total, kv_dtype, variant)
     except (RuntimeError, TimeoutError, OSError, SystemExit) as exc:
         log(f"[{name}] did not start: {str(exc)[-300:]}")
         return None
@@ -246,24 +265,32 @@ def launch_refused(name: str, model_path: str, port: int, args, wl: Workload, ra
 
 def summary(modes: list[dict]) -> list[str]:
     """Per mode and pool bytes over the repeats: turns/s and peak sessions, median [min, max], against the
-    stock server (model KV type) of the same bytes in the same repeat."""
+    plain stock server (fcfs, model KV type) and the best stock server (any variant and KV type that ran)
+    of the same bytes in the same repeat."""
     import statistics
 
-    stock = {(m["bytes_of_tokens"], m.get("repeat", 0)): m for m in modes
-             if m["ratio"] is None and m.get("kv_cache_dtype", "auto") == "auto"}
+    key = lambda m: (m["bytes_of_tokens"], m.get("repeat", 0))  # noqa: E731
+    stock = {key(m): m for m in modes if is_plain_stock(m)}
+    best: dict = {}
+    for m in modes:
+        if m["ratio"] is None and turns_per_s(m) > best.get(key(m), 0.0):
+            best[key(m)] = turns_per_s(m)
     rows: dict = {}
     for m in modes:
-        ref = stock.get((m["bytes_of_tokens"], m.get("repeat", 0)))
-        r = rows.setdefault((m["mode"], m["bytes_of_tokens"]), {"tps": [], "vs": [], "peak": []})
+        ref = stock.get(key(m))
+        r = rows.setdefault((m["mode"], m["bytes_of_tokens"]), {"tps": [], "vs": [], "best": [], "peak": []})
         r["tps"].append(turns_per_s(m))
         r["peak"].append(m["peak_running"] or 0)
         if ref:
             r["vs"].append(turns_per_s(m) / turns_per_s(ref))
+        if key(m) in best:
+            r["best"].append(turns_per_s(m) / best[key(m)])
     med = lambda xs: f"{statistics.median(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}]" if xs else "-"  # noqa: E731
-    lines = ["| mode | bytes of T model-type tokens | runs | turns / s, median [min, max] | vs stock | "
-             "peak concurrent sessions |", "|---|---|---|---|---|---|"]
+    lines = ["| mode | bytes of T model-type tokens | runs | turns / s, median [min, max] | vs stock | vs best stock | "
+             "peak concurrent sessions |", "|---|---|---|---|---|---|---|"]
     for (mode, group), r in rows.items():
-        lines.append(f"| {mode} | {group} | {len(r['tps'])} | {med(r['tps'])} | {med(r['vs'])} | {med(r['peak'])} |")
+        lines.append(f"| {mode} | {group} | {len(r['tps'])} | {med(r['tps'])} | {med(r['vs'])} | {med(r['best'])} "
+                     f"| {med(r['peak'])} |")
     return lines
 
 
@@ -300,7 +327,7 @@ def fmt_md(res: dict) -> str:
              "saved vs full KV (end) | turn-2+ reuse | wall s | wall vs stock | turns / s | turns / s vs stock |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     stocks = {(m.get("bytes_of_tokens", m["max_total_tokens"]), m.get("repeat", 0)): m for m in res["modes"]
-              if m["ratio"] is None and m.get("kv_cache_dtype", "auto") == "auto"}
+              if is_plain_stock(m)}
     for m in res["modes"]:
         stock = stocks[(m.get("bytes_of_tokens", m["max_total_tokens"]), m.get("repeat", 0))]
         pool = m.get("pool_info")
@@ -361,7 +388,12 @@ def main(argv=None) -> int:
     ap.add_argument("--model-kv-bytes", type=int, default=4, help="bytes per KV value of the model's type "
                     "(4: float32 on CPU; 2: bfloat16 on a GPU)")
     ap.add_argument("--repeats", type=int, default=1, help="runs of every server, alternating")
+    ap.add_argument("--stock-variants", nargs="+", default=["fcfs"], choices=list(STOCK_VARIANTS),
+                    help="stock servers to run (the first must be fcfs, the reference of 'vs stock'): lpm = "
+                    "--schedule-policy lpm; refresh = Tangram's waiting-queue refresh without a profile")
     args = ap.parse_args(argv)
+    if "fcfs" not in args.stock_variants:
+        ap.error("--stock-variants needs fcfs: the reference of 'vs stock'")
     run_stamp = stamp(argv)
     model_path = ensure_model(args.model)
     t_all = time.perf_counter()
@@ -377,10 +409,11 @@ def main(argv=None) -> int:
         for total in args.max_total_tokens:
             for kv in args.kv_cache_dtype:
                 tag = "" if kv == "auto" else f"+{kv}"
-                runs = [] if args.no_stock else [(f"stock{tag}", args.stock_port, None)]
-                runs += [(f"tangram-{method}@{ratio}{tag}", args.tangram_port, ratio) for ratio in args.ratios]
-                for name, port, ratio in runs:
-                    m = launch_refused(name, model_path, port, args, wl, ratio, total, kv)
+                variants = [] if args.no_stock else args.stock_variants if kv == "auto" else ["fcfs"]
+                runs = [("stock" + ("" if v == "fcfs" else f"-{v}") + tag, args.stock_port, None, v) for v in variants]
+                runs += [(f"tangram-{method}@{ratio}{tag}", args.tangram_port, ratio, "fcfs") for ratio in args.ratios]
+                for name, port, ratio, variant in runs:
+                    m = launch_refused(name, model_path, port, args, wl, ratio, total, kv, variant)
                     if m is None:
                         refused.append(f"{name} (T={total})")
                         continue
@@ -403,7 +436,7 @@ def main(argv=None) -> int:
         if not m["memory_bound"]:
             log(f"WARNING {m['mode']}: peak {m['peak_running']} = all {args.sessions} sessions: the pool did not "
                 "bind, so this is only a lower bound (run with more --sessions)")
-    stocks = {(m["bytes_of_tokens"], m["repeat"]): m for m in modes if m["ratio"] is None and m["kv_cache_dtype"] == "auto"}
+    stocks = {(m["bytes_of_tokens"], m["repeat"]): m for m in modes if is_plain_stock(m)}
     for m in modes:
         stock = stocks.get((m["bytes_of_tokens"], m["repeat"]))
         if m["ratio"] is not None and stock and stock["peak_running"]:
