@@ -112,12 +112,12 @@ def fidelity_rows(name: str, setting: str) -> dict[float, dict]:
 
 def fidelity_table(name: str, keep=None) -> list[str]:
     """The rows of one fidelity file; ``keep`` (base setting names) drops rows another table shows."""
-    rows = [[setting_label(r["setting"]), f"{r['ratio']:g}", pct(r["kept_share"]), answered(r),
+    rows = [[setting_label(r["setting"]), f"{r['ratio']:g}", pct(r["kept_share"]), pct(r.get("held_share")), answered(r),
              f"{r['retrieval_correct']}/{r['retrieval_n']}", f"{r['replay_agree']}/{r['replay_n']}",
              f"{r['degenerate']}/{r['n']}", pct(r["saved_vs_full_kv"])] for r in rows_of(name)
             if keep is None or r["setting"].split("[")[0] in keep]
-    return table(["setting", "ratio", "kept share", "answered right [95% CI]", "retrieval", "replay agreement",
-                  "degenerate", "pool saved"], rows)
+    return table(["setting", "ratio", "kept share", "KV held", "answered right [95% CI]", "retrieval",
+                  "replay agreement", "degenerate", "pool saved"], rows)
 
 
 def recommended(model: str) -> dict:

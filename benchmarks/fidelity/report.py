@@ -23,6 +23,18 @@ def _rows_for(store, model, setting, ratio, convs, version):
     return out
 
 
+def _held(profile: str, setting: str, ratio: float, convs, answers: dict) -> float | None:
+    """Served settings: the mean share of full KV the pool holds per conversation (held.py); else None."""
+    from benchmarks.fidelity.held import mean_held_share
+    from benchmarks.fidelity.settings import base_setting, kv_cache_dtype
+    from tangram_sglang.profile import load_profile
+
+    if base_setting(setting) != "tangram" or not os.path.exists(profile):
+        return None
+    dtype = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}.get(kv_cache_dtype(setting), "float32")
+    return mean_held_share(load_profile(profile), ratio, convs, answers, kv_dtype=dtype)
+
+
 def _profile_info(path: str) -> tuple[dict, str]:
     """(kept share of the served profile per ratio: the mean per-head group budget, chunk rounding
     aside; the profile's scoring method), or ({}, "") without a profile."""
@@ -69,6 +81,8 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile: str
             kept = [r["kept"] for r in rows.values() if r.get("kept") is not None]
             facts = [r["fact_kept"] for r in rows.values() if r.get("fact_kept") is not None]
             pool = store.rows.get(f"{model}|{setting}|{ratio:g}|pool|{versions[setting]}")
+            held = _held(profile, setting, ratio, [c for c in convs if c.id in rows],
+                         {cid: len(r["answer_ids"]) for cid, r in rows.items()})
             if setting == "full":
                 kept_share = 1.0
             elif kept:
@@ -76,7 +90,7 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile: str
             else:
                 kept_share = prof_kept.get(round(ratio, 4))
             out.append(dict(
-                model=model, setting=setting, ratio=ratio, n=len(scored), judged=len(judged), correct=k,
+                model=model, setting=setting, ratio=ratio, n=len(scored), judged=len(judged), correct=k, held_share=held,
                 accuracy=k / len(judged) if judged else None, ci95=wilson(k, len(judged)),
                 retrieval_correct=sum(s["correct"] for s in ret), retrieval_n=len(ret),
                 replay_agree=sum(s["correct"] for s in rep), replay_n=len(rep),
@@ -89,16 +103,17 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile: str
 
 
 def markdown(summary: list[dict]) -> list[str]:
-    lines = ["| model | setting | ratio | kept share | accuracy [95% CI] | retrieval | replay agreement "
+    lines = ["| model | setting | ratio | kept share | KV held | accuracy [95% CI] | retrieval | replay agreement "
              "| degenerate | fact tokens kept | pool saved vs full KV |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         acc = "-" if s["accuracy"] is None else \
             f"{100 * s['accuracy']:.0f}% [{100 * s['ci95'][0]:.0f}, {100 * s['ci95'][1]:.0f}] ({s['correct']}/{s['judged']})"
         fact = "-" if s["fact_kept"] is None else f"{100 * s['fact_kept']:.0f}%"
         saved = "-" if s["saved_vs_full_kv"] is None else f"{100 * s['saved_vs_full_kv']:.0f}%"
         kept = "-" if s["kept_share"] is None else f"{100 * s['kept_share']:.0f}%"
-        lines.append(f"| {s['model']} | {s['setting']} | {s['ratio']:g} | {kept} | {acc} "
+        held = "-" if s.get("held_share") is None else f"{100 * s['held_share']:.0f}%"
+        lines.append(f"| {s['model']} | {s['setting']} | {s['ratio']:g} | {kept} | {held} | {acc} "
                      f"| {s['retrieval_correct']}/{s['retrieval_n']} | {s['replay_agree']}/{s['replay_n']} "
                      f"| {s['degenerate']}/{s['n']} | {fact} | {saved} |")
     return lines + degenerate_lines(summary) + paired_lines(summary)
