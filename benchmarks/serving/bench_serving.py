@@ -8,7 +8,8 @@ the server may hold in its radix tree. Every server gets the same ``--max-total-
 full-KV token slots, Tangram a ragged pool of the same bytes (its /server_info ``pool_bytes``).
 
 Settings, run in turn for every repeat (alternating, so drift on a shared machine hits all alike):
-``stock-<policy>`` for each ``--stock-policies`` entry (SGLang's --schedule-policy) and
+``stock-<policy>`` for each ``--stock-policies`` entry (SGLang's --schedule-policy; ``refresh`` and
+``lpm-refresh``: with Tangram's waiting-queue refresh, TANGRAM_REFRESH_WAITING=1, no profile) and
 ``tangram@<ratio>`` for each ``--ratios`` entry. For each setting and each ``--rates`` entry (requests
 per second; ``inf`` sends all at once) a fresh server's cache is flushed and bench_serving runs; its
 JSON line gives request and token throughput, TTFT / TPOT / ITL medians and p99, the cache hit rate
@@ -39,7 +40,7 @@ from benchmarks.common.paths import ROOT, result_path
 from benchmarks.common.report_tables import table
 from benchmarks.common.results import write_json, write_markdown
 from benchmarks.common.stamp import stamp
-from benchmarks.serving.concurrency import full_kv_token_bytes
+from benchmarks.serving.concurrency import STOCK_VARIANTS, full_kv_token_bytes
 from tangram_sglang.sglang.server_process import ServerProcess
 
 log = logger("bench_serving")
@@ -52,7 +53,9 @@ def parse(argv=None):
     ap.add_argument("--model", default="smollm2", help="a model launch/models.py installs")
     ap.add_argument("--profile", default="configs/smollm2-fastkvzip.yaml")
     ap.add_argument("--ratios", nargs="+", type=float, default=[0.4])
-    ap.add_argument("--stock-policies", nargs="+", default=["fcfs", "lpm"], help="SGLang --schedule-policy values")
+    ap.add_argument("--stock-policies", nargs="+", default=["fcfs", "lpm", "refresh"], choices=list(STOCK_VARIANTS),
+                    help="stock servers: SGLang --schedule-policy values, and refresh (fcfs with Tangram's "
+                    "waiting-queue refresh)")
     ap.add_argument("--max-total-tokens", type=int, default=4096, help="stock KV tokens (Tangram: the same bytes)")
     ap.add_argument("--rates", nargs="+", type=float, default=[0.5, math.inf], help="requests per second (inf: all at once)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -76,7 +79,7 @@ def parse(argv=None):
 
 def settings(args) -> list[tuple[str, list[str], str | None]]:
     """(name, extra server args, profile) of every setting, in the order each repeat runs them."""
-    out = [(f"stock-{p}", ["--schedule-policy", p], None) for p in args.stock_policies]
+    out = [(f"stock-{p}", STOCK_VARIANTS[p][0], None) for p in args.stock_policies]
     profile = os.path.join(ROOT, args.profile)
     return out + [(f"tangram@{r:g}", ["--tangram-ratio", str(r)], profile) for r in args.ratios]
 
@@ -117,6 +120,8 @@ def run_setting(args, model_path: str, name: str, extra: list[str], profile: str
     rows = []
     srv = ServerProcess(model_path, port=args.port, profile=profile,
                         extra_args=["--max-total-tokens", str(args.max_total_tokens), "--enable-cache-report", *extra])
+    if profile is None:
+        srv.env.update(STOCK_VARIANTS[name.removeprefix("stock-")][1])   # refresh: TANGRAM_REFRESH_WAITING=1
     with srv:
         info = server_state(srv.url)
         pool = (info.get("tangram") or {}).get("pool_info") or {}

@@ -24,9 +24,9 @@ def test_command_runs_the_multi_turn_mode_with_cache_report_and_goodput():
 
 
 def test_settings_are_each_stock_policy_then_each_ratio():
-    args = parse(["--stock-policies", "fcfs", "lpm", "--ratios", "0.4", "0.25"])
+    args = parse(["--stock-policies", "fcfs", "lpm", "refresh", "--ratios", "0.4", "0.25"])
     names = [(n, extra) for n, extra, _ in settings(args)]
-    assert names == [("stock-fcfs", ["--schedule-policy", "fcfs"]), ("stock-lpm", ["--schedule-policy", "lpm"]),
+    assert names == [("stock-fcfs", []), ("stock-lpm", ["--schedule-policy", "lpm"]), ("stock-refresh", []),
                      ("tangram@0.4", ["--tangram-ratio", "0.4"]), ("tangram@0.25", ["--tangram-ratio", "0.25"])]
 
 
