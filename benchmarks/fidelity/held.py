@@ -60,8 +60,8 @@ def held_share(profile, ratio: float, turn_ends: list[int], answer_tokens: int, 
         cache.release(rid)
         cache.check_integrity()
         cached = end + generated - 1
-    for seg, child in zip(chain, chain[1:]):   # sliding-window layers: what the tree keeps under pressure
-        cache.drop_window_columns(seg.seg_id, child.end_slots)
+    for seg in chain[:-1]:   # sliding-window layers: what the tree keeps under pressure (the leaf: the match end)
+        cache.drop_window_columns(seg.seg_id, chain[-1].end_slots)
     cache.check_integrity()
     pages = cache.spec.num_pages - cache.pool.num_free
     full = 2 * profile.model.num_layers * profile.model.num_kv_heads * profile.model.head_dim * model_value_bytes

@@ -56,6 +56,28 @@ class SegNode(TreeNode):
         return self.seg is not None and self.seg.compressed
 
 
+def _may_end_a_match(node) -> bool:
+    """A leaf, a node that has not dropped its window pages, or one some lock ends at (a request admitted
+    onto it, whose match was window_ready)."""
+    kids = [k for ks in node.children.values() for k in ks]
+    return not kids or node.window_end is None or node.lock_ref > sum(k.lock_ref for k in kids)
+
+
+def _match_end_below(node) -> np.ndarray:
+    """The earliest end (slots [V]) below an interior node where a match may still end: the ends of the
+    descendants that may end one (_may_end_a_match), reached through those that dropped their window
+    pages. Reading past a dropped child costs reuse, never correctness: a match ends only where
+    window_ready."""
+    ends, stack = [], [k for ks in node.children.values() for k in ks]
+    while stack:
+        k = stack.pop()
+        if _may_end_a_match(k):
+            ends.append(k.seg.end_slots)
+        else:
+            stack.extend(c for cs in k.children.values() for c in cs)
+    return np.min(ends, axis=0)
+
+
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(a.size, b.size)
     diff = np.flatnonzero(a[:n] != b[:n])
@@ -286,21 +308,30 @@ class TangramRadixCache(RadixCache):
 
     def _drop_windows(self, goal: int) -> None:
         """Interior nodes, least recently used first, stop being match ends and drop the window
-        pages their children's earliest end does not read, until ``goal`` pages are available.
-        A node some lock ends at (a request being admitted onto it) keeps its pages; a node that
-        dropped them for an end at or past this one has nothing more to drop."""
-        interior = [n for n in self._nodes() if n.children]
-        interior.sort(key=lambda n: n.last_access_time)
+        pages no query at or after the earliest match end below them reads (_match_end_below), until
+        ``goal`` pages are available. A node some lock ends at (a request being admitted onto it) keeps
+        its pages; a node that dropped them for an end at or past this one has nothing more to drop.
+        A node's earliest match end moves past children that dropped theirs after it did (LRU order
+        reaches a chain's older ancestors first), so passes repeat while one drops more."""
+        while self.store.available_pages < goal and self._drop_pass(goal):
+            pass
+
+    def _drop_pass(self, goal: int) -> bool:
+        """One pass over the interior nodes, least recently used first; whether any dropped more."""
+        interior = sorted((n for n in self._nodes() if n.children), key=lambda n: n.last_access_time)
+        dropped = False
         for node in interior:
             if self.store.available_pages >= goal:
-                return
+                break
             kids = [k for ks in node.children.values() for k in ks]
             if node.lock_ref > sum(k.lock_ref for k in kids):
                 continue
-            end = np.min([k.seg.end_slots for k in kids], axis=0)
+            end = _match_end_below(node)
             if node.window_end is None or np.any(end > node.window_end):
                 self.store.drop_window_columns(node.seg.seg_id, end)
                 node.window_end = end if node.window_end is None else np.maximum(end, node.window_end)
+                dropped = True
+        return dropped
 
     def _delete_leaf(self, node):
         self._remove_child(node.parent, node)

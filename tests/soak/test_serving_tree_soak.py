@@ -108,9 +108,9 @@ def build(stock_tokens=700, chunk=24, seed=0, windows_in=None):
 
 
 class Driver:
-    def __init__(self, seed, windows_in=None):
+    def __init__(self, seed, windows_in=None, chunk=24):
         self.rng = random.Random(seed)
-        self.serving, self.tree, self.alloc, self.rows = build(windows_in=windows_in)
+        self.serving, self.tree, self.alloc, self.rows = build(chunk=chunk, windows_in=windows_in)
         self.free_rows = list(range(1, 64))
         self.running: dict[str, FakeReq] = {}
         self.sessions: list[list[int]] = [[] for _ in range(6)]
@@ -270,6 +270,39 @@ def test_serving_soak_with_window_layers(tmp_path):
     d.alloc.clear()
     d.check()
     assert cache.pool.num_free == d.serving.spec.num_pages and not cache.store.segments
+
+
+def test_a_chain_of_short_chunks_keeps_about_one_window(tmp_path):
+    """Chunks shorter than the window (8 against 20): an interior node drops up to the earliest match end
+    below it, past children that dropped theirs, so a finished history keeps about one window of pages
+    per window layer, and a second turn still matches where the window is held."""
+    d = Driver(7, windows_in=tmp_path, chunk=8)
+    d.sessions = [[1, 2, 3] * 40]
+    d.new_request()
+    (req,) = d.running.values()
+    while not d.serving.cache.requests[req.rid].prefill_done or req.kv_len < len(req.prompt) + 3:
+        d.step(req)
+    d.release(req, checkpoint=True)
+    d.tree.evict_pages(0)                           # nothing short: no drop
+    cache = d.serving.cache
+    segs = [cache.store.get(n.seg.seg_id) for n in d.tree._nodes()]
+
+    def window_pages():
+        rows = {}
+        for seg in segs:
+            starts = np.concatenate([[0], np.cumsum(seg.page_counts)])
+            for v in cache.window_rows:
+                ids = seg.page_ids[starts[v]:starts[v + 1]]
+                rows.setdefault(v, set()).update(ids[ids >= 0].tolist())
+        return max(len(p) for p in rows.values())
+
+    dense = window_pages()
+    d.tree._drop_windows(goal=10**9)                # as under pressure, nothing evicted yet
+    d.check()
+    assert dense >= 8 and window_pages() <= -(-(WINDOW - 1) // 16) + 2
+    history = d.sessions[0]
+    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=history + [4], extra_key=None)))
+    assert m.device_prefix_len > len(history) - 8 and cache.window_ready(d.tree.chain(m.last_device_node))
 
 
 def test_reconstruction_scorer_refused_with_window_layers(tmp_path):
