@@ -28,7 +28,7 @@ std::vector<at::Tensor> ragged_decode(at::Tensor q, at::Tensor k_pages, at::Tens
                                       at::Tensor block_table, at::Tensor seq_lens, at::Tensor q_head,
                                       at::Tensor group_size, at::Tensor splits, at::Tensor cta_offset,
                                       at::Tensor cta_group, at::Tensor cta_split, int64_t gqa,
-                                      double sm_scale) {
+                                      double sm_scale, int64_t window) {
   TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.stride(-1) == 1, "q must be CUDA [B, Hq, d] with unit last stride");
   TORCH_CHECK(k_pages.is_contiguous() && v_pages.is_contiguous(), "k_pages and v_pages must be contiguous");
   const bool fp8 = k_pages.scalar_type() == at::kFloat8_e4m3fn || k_pages.scalar_type() == at::kFloat8_e5m2;
@@ -61,6 +61,7 @@ std::vector<at::Tensor> ragged_decode(at::Tensor q, at::Tensor k_pages, at::Tens
   p.num_ctas = static_cast<int>(num_ctas); p.page_size = static_cast<int>(k_pages.size(1));
   p.heads_per_group = static_cast<int>(hp); p.gqa = static_cast<int>(gqa); p.head_dim = static_cast<int>(d);
   p.sm_scale = static_cast<float>(sm_scale);
+  p.window = static_cast<int>(window);
   const cudaError_t err = tangram_ragged_decode(&p, dtype_code(q), dtype_code(k_pages),
                                                 c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "tangram ragged decode launch failed: ", cudaGetErrorString(err));

@@ -2,7 +2,8 @@
 // tangram_sglang/attention/reference.py::ragged_decode_torch (split cut) and
 // triton_decode.py:
 //   split kernel, grid (T, B): CTA (t, b) takes group g = cta_group[t], piece
-//     s = cta_split[t] of (b, g): slots [s*c, min((s+1)*c, len)), c = ceil(len / S[g]);
+//     s = cta_split[t] of (b, g): slots [lo + s*c, min(lo + (s+1)*c, len)), c = ceil((len - lo) / S[g]),
+//     lo = 0, or max(len - window, 0) in a sliding-window layer;
 //     for each head slot p < group_size[g] it runs an online softmax of the gqa
 //     query heads of that KV head over the piece, TILE slots at a time, and
 //     writes a partial (o, lse) per row r = p * gqa + j;
@@ -121,8 +122,9 @@ __global__ void split_kernel(TangramDecodeParams p) {
   const int t = blockIdx.x, b = blockIdx.y, d = p.head_dim, gqa = p.gqa, rows = p.heads_per_group * gqa;
   const int g = p.cta_group[t], piece_id = p.cta_split[t], nsplit = p.splits[g];
   const int len = p.seq_lens[b * p.stride_lb + g];
-  const int piece = (len + nsplit - 1) / nsplit;
-  const int start = piece_id * piece;
+  const int lo = p.window > 0 ? max(len - p.window, 0) : 0;  // a window layer: its newest window slots
+  const int piece = (len - lo + nsplit - 1) / nsplit;
+  const int start = lo + piece_id * piece;
   const int end = min(start + piece, len);
   const int32_t* table = p.block_table + b * p.stride_btb + g * p.stride_btg;
   const T* q = static_cast<const T*>(p.q);

@@ -33,6 +33,7 @@ struct TangramDecodeParams {
   int64_t stride_qb, stride_qh, stride_ob, stride_oh;
   int64_t stride_btb, stride_btg, stride_lb, stride_lseb;
   int batch, num_groups, num_ctas, page_size, heads_per_group, gqa, head_dim;
+  int window;           // 0, or a sliding-window layer's window: read the newest `window` slots
   float sm_scale;
 };
 

@@ -9,6 +9,7 @@ and FlashInfer's per-layer planning. Needs torch (CUDA), Triton, nvcc; not sglan
    (fp32 and bf16, odd sizes, empty groups, page sizes 1 and 16, GQA 1 and 4),
    the Triton decode reading a larger table through rows (the served path), and
    the Triton chunk prefill against the torch reference (chunks 17 / 1 / 0 / 54),
+   sliding-window layers (window_checks: Triton and CUDA decode, Triton prefill),
    and the served decode under a real CUDA graph (served_graph_check).
 2. Time one decode step (all L layers) of B requests of context N per workload
    (a profile exported to benchmarks/profiles/*.json): each group holds
@@ -114,6 +115,37 @@ def served_path_checks(c, q, split, dtype, dev: str, shape) -> list[dict]:
     for r in out:
         r["ok"] = r["max_abs_err"] <= tol
     return out
+
+
+def window_checks(dev: str) -> list[dict]:
+    """Sliding-window layers (every position kept, slot = position): Triton and CUDA decode, and the
+    Triton chunk prefill, against the torch reference's window."""
+    import dataclasses
+
+    from tangram_sglang.attention.prefill_reference import ragged_prefill_chunk_torch
+    from tangram_sglang.attention.triton_prefill import ragged_prefill_chunk_triton
+
+    rows, hist = [], np.array([1, 100, 300])
+    for dtype in (torch.float32, torch.bfloat16):
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        for window in (1, 37, 200):
+            c = make_ragged_cache(np.repeat(hist[:, None], 2, axis=1), num_kv_heads=4, gqa=2, heads_per_group=2,
+                                  head_dim=128, page_size=16, extra_hist=0, seed=window, dtype=dtype)
+            meta, split = dataclasses.replace(c.meta, window=window).to(dev), make_split_row([5, 2]).to(dev)
+            kp, vp, bt, sl = (t.to(dev) for t in (c.k_pages, c.v_pages, c.block_table, c.seq_lens))
+            q = torch.randn(3, 8, 128, device=dev).to(dtype)
+            ref = ragged_decode_torch(q, kp, vp, bt, sl, meta, split, 0.088).float()
+            errs = {f"{name}_window": (fn(q, kp, vp, bt, sl, meta, split, 0.088).float() - ref).abs().max().item()
+                    for name, fn in kernels().items()}
+            cu = torch.tensor([0, 40, 41, 300], dtype=torch.int32, device=dev)
+            qc = torch.randn(300, 8, 128, device=dev).to(dtype)
+            kc, vc = (torch.randn(300, 4, 128, device=dev).to(dtype) for _ in range(2))
+            ref = ragged_prefill_chunk_torch(qc, kc, vc, cu, kp, vp, bt, sl, meta, 0.088).float()
+            got = ragged_prefill_chunk_triton(qc, kc, vc, cu, kp, vp, bt, sl, meta, 0.088, split=split).float()
+            errs["triton_prefill_window"] = (got - ref).abs().max().item()
+            rows += [{"kernel": k, "dtype": str(dtype).split(".")[-1], "window": window, "H": 4, "gqa": 2, "H_p": 2,
+                      "page": 16, "max_abs_err": e, "ok": e <= tol} for k, e in errs.items()]
+    return rows
 
 
 class CudaGraph:
@@ -380,7 +412,7 @@ def main(argv=None) -> None:
     dev = "cuda"
     props = torch.cuda.get_device_properties(0)
     capacity = props.multi_processor_count * args.blocks_per_sm
-    checks = check(dev) + served_graph_check(dev) + served_graph_check(dev, kernel="cuda")
+    checks = check(dev) + window_checks(dev) + served_graph_check(dev) + served_graph_check(dev, kernel="cuda")
     print(json.dumps(checks), flush=True)
     rows = time_workloads(args, dev, capacity)
     stem = os.path.join(args.out_dir, "gpu_decode_" + props.name.lower().replace(" ", "-"))

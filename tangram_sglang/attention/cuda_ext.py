@@ -56,13 +56,14 @@ def ragged_decode_cuda(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
     sm_scale, meta.v_scale scales the output). Returns o [B, Hq, d] (and lse
     float32 [B, Hq] if return_lse). rows (see the reference): the kernel reads a [B, G, W]
     table, so the batch's rows are gathered first (the Triton kernel reads them in place).
+    A sliding-window layer (meta.window) reads the newest window slots, as the reference does.
     """
     if rows is not None:
         block_table = block_table.index_select(0, rows)
     ext = load_extension()
     o, lse = ext.ragged_decode(q, k_pages, v_pages, block_table, seq_lens, meta.q_head, meta.group_size,
                                split.splits, split.cta_offset, split.cta_group, split.cta_split, meta.gqa,
-                               float(sm_scale) * meta.k_scale)
+                               float(sm_scale) * meta.k_scale, int(meta.window))
     if meta.v_scale != 1.0:
         o.mul_(meta.v_scale)
     return (o, lse) if return_lse else o

@@ -137,17 +137,25 @@ def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
     return ungroup_rows(o, meta, batch, num_q), ungroup_rows(lse, meta, batch, num_q)
 
 
-def decode_pieces(seq_lens: torch.Tensor, split: SplitRow, tile: int | None, window: int = 0) -> Pieces:
+def decode_pieces(seq_lens: torch.Tensor, split: SplitRow, tile: int | None, window: int = 0,
+                  ahead: torch.Tensor | None = None) -> Pieces:
     """The split map's cut (tile None), or fixed tiles of ``tile`` slots (CPU data plane); a
-    sliding-window layer's cut starts at its query's window (the query is the newest slot)."""
-    first = window_start(seq_lens.to(torch.int64) - 1, window) if window else None
+    sliding-window layer's cut starts at its query's window (the query is the newest slot, or
+    ahead[b] positions past it)."""
+    first = None
+    if window:
+        query_pos = seq_lens.to(torch.int64) - 1
+        if ahead is not None:
+            query_pos = query_pos + ahead.to(torch.int64).reshape(-1, 1)
+        first = torch.minimum(window_start(query_pos, window), seq_lens.to(torch.int64))
     return split_pieces(seq_lens, split.splits, first) if tile is None else tile_pieces(seq_lens, tile, first)
 
 
 def ragged_decode_torch(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                         block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
                         split: SplitRow, sm_scale: float, *, tile: int | None = None,
-                        return_lse: bool = False, rows: torch.Tensor | None = None):
+                        return_lse: bool = False, rows: torch.Tensor | None = None,
+                        ahead: torch.Tensor | None = None):
     """Decode attention of one layer over ragged groups.
 
     Parameters
@@ -165,12 +173,15 @@ def ragged_decode_torch(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
         into tiles of that many slots (the CPU data plane's choice).
     rows : None, or int64 [B]: block_table is then [R, G, max_pages] (every request row of
         the serving process) and batch entry b reads row rows[b] (no per-step gather).
+    ahead : None, or int64 [B] >= 0: query b stands ahead[b] positions past the newest cached
+        slot (a chunk token's cached part, prefill); only a window layer reads it (its window
+        then starts later). None: 0, decode.
 
     Returns
     -------
     o : [B, Hq, d] in q's dtype (and lse float32 [B, Hq] if return_lse).
     """
-    pieces = decode_pieces(seq_lens, split, tile, meta.window)
+    pieces = decode_pieces(seq_lens, split, tile, meta.window, ahead)
     o, lse = attend_cached(q[:, None], k_pages, v_pages, block_table, seq_lens, meta, pieces, sm_scale,
                            rows=rows)
     o = o[:, 0].to(q.dtype)

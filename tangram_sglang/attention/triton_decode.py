@@ -83,9 +83,9 @@ def _finish(m, den, acc):
 
 
 @triton.jit
-def _split_kernel(Q, K, V, BT, ROWS, LENS, SPLITS, CTA_G, CTA_S, QH, GSIZE, MID_O, MID_LSE, sm_scale,
+def _split_kernel(Q, K, V, BT, ROWS, LENS, AHEAD, SPLITS, CTA_G, CTA_S, QH, GSIZE, MID_O, MID_LSE, sm_scale,
                   stride_qb, stride_qh, stride_btb, stride_btg, stride_lb, num_ctas, window,
-                  PAGE: tl.constexpr, HP: tl.constexpr, GQA: tl.constexpr, D: tl.constexpr,
+                  HAS_AHEAD: tl.constexpr, PAGE: tl.constexpr, HP: tl.constexpr, GQA: tl.constexpr, D: tl.constexpr,
                   BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   PRECISION: tl.constexpr):
     b = tl.program_id(0)
@@ -94,7 +94,10 @@ def _split_kernel(Q, K, V, BT, ROWS, LENS, SPLITS, CTA_G, CTA_S, QH, GSIZE, MID_
     s = tl.load(CTA_S + c)
     nsplit = tl.load(SPLITS + g)
     n = tl.load(LENS + b * stride_lb + g)
-    lo = tl.where(window > 0, tl.maximum(n - window, 0), 0)   # a window layer reads its newest window slots
+    # a window layer reads the slots of its query's window: the newest window slots in decode, later
+    # ones for a chunk token standing AHEAD[b] positions past them (none once the window passes n)
+    last = n + tl.load(AHEAD + b) if HAS_AHEAD else n
+    lo = tl.where(window > 0, tl.minimum(tl.maximum(last - window, 0), n), 0)
     piece = (n - lo + nsplit - 1) // nsplit
     start = lo + s * piece
     end = tl.minimum(start + piece, n)
@@ -155,13 +158,15 @@ def _pow2(x: int, floor: int = 16) -> int:
 def ragged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                          block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
                          split: SplitRow, sm_scale: float, *, block_n: int = 32,
-                         return_lse: bool = False, rows: torch.Tensor | None = None):
+                         return_lse: bool = False, rows: torch.Tensor | None = None,
+                         ahead: torch.Tensor | None = None):
     """Decode attention over ragged groups (see reference.ragged_decode_torch for the arguments).
 
     k_pages, v_pages must be contiguous; block_table [B, G, max_pages] and seq_lens
     [B, G] need a unit stride on their last dim. Returns o [B, Hq, d] in q's dtype
     (and lse float32 [B, Hq] if return_lse). rows: int64 [B] table row of each batch
-    entry (block_table then [R, G, max_pages]); None reads row b. Quantized pages
+    entry (block_table then [R, G, max_pages]); None reads row b. ahead: int64 [B] or None,
+    as the reference's (a window layer's chunk tokens). Quantized pages
     (kv_quant.py): meta.k_scale folds into sm_scale, meta.v_scale scales the output.
     """
     batch, hq, d = q.shape
@@ -180,10 +185,10 @@ def ragged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.
     lse = torch.empty(batch, hq, dtype=torch.float32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _split_kernel[(batch, num_ctas)](
-        q, k_pages, v_pages, block_table, rows, seq_lens, split.splits, split.cta_group, split.cta_split,
+        q, k_pages, v_pages, block_table, rows, seq_lens, rows if ahead is None else ahead, split.splits, split.cta_group, split.cta_split,
         meta.q_head, meta.group_size, mid_o, mid_lse, sm_scale * meta.k_scale,
         q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1), seq_lens.stride(0), num_ctas,
-        meta.window, PAGE=k_pages.shape[1], HP=hp, GQA=gqa, D=d, BLOCK_Q=_pow2(gqa), BLOCK_N=block_n,
+        meta.window, HAS_AHEAD=ahead is not None, PAGE=k_pages.shape[1], HP=hp, GQA=gqa, D=d, BLOCK_Q=_pow2(gqa), BLOCK_N=block_n,
         BLOCK_D=_pow2(d), PRECISION=precision)
     _merge_kernel[(batch, meta.num_groups)](
         mid_o, mid_lse, split.splits, split.cta_offset, meta.q_head, meta.group_size, o, lse,

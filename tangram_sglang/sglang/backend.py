@@ -154,7 +154,7 @@ class TangramAttnBackend(AttentionBackend):
         if o is not None:  # the scorer's own pass (KVzip's reconstruction): nothing is stored
             return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
         sinks = kwargs.get("sinks")
-        if self.kernels and not meta.window:   # window layers: the reference's masks (no Triton window yet)
+        if self.kernels:
             o = self._prefill_triton(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
                                      plan.seq_lens[lid], meta, layer.scaling, split=self.context.split_rows[lid],
                                      return_lse=sinks is not None)

@@ -121,7 +121,6 @@ def attach_profile(server_args, path: str | None, profile: TangramProfile | None
     check_server_args(server_args)
     check_tensor_parallel(server_args, profile)
     _check_data_plane(server_args, data_plane)
-    _check_window_plane(server_args, profile, data_plane)
     # A bookkeeping attribute (leading underscore) is allowed on the sealed record.
     setattr(server_args, HANDLE, ServedProfile(path, ratio, data_plane))
 
@@ -137,14 +136,6 @@ def _check_data_plane(server_args, data_plane: str) -> None:
         choose_data_plane(data_plane, device)
     except DataPlaneError as exc:
         raise ProfileError("tangram_data_plane", str(exc)) from None
-
-
-def _check_window_plane(server_args, profile: TangramProfile, data_plane: str) -> None:
-    """Sliding-window layers: the torch reference and the Triton decode kernel take a window, the CUDA
-    decode kernel does not yet."""
-    if profile.model.window_layers and data_plane == "cuda":
-        raise ProfileError("tangram_data_plane", "the CUDA decode kernel takes no window yet and the model has "
-                           "sliding-window layers: pass --tangram-data-plane triton (or auto)")
 
 
 def from_cli_args(original, cls, args: argparse.Namespace):

@@ -67,3 +67,23 @@ def test_prefill_reads_the_window(shape, window, hist, chunks):
         mask = torch.stack([_window_mask(c + i, len(keys), h, window) for i in range(chunks[b])])
         want.append(_masked_attention(q[cu[b]:cu[b + 1]], keys, vals, mask, 0.3))
     torch.testing.assert_close(out, torch.cat(want), atol=3e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("window", [1, 5, 24])
+@pytest.mark.parametrize("tile", [None, 4])
+def test_decode_ahead_reads_a_later_window_of_the_cache(window, tile):
+    """ahead[b] = a: the query stands at position n - 1 + a and reads the cached slots of its own window
+    (none once the window has passed them): the cached part of a window layer's chunk token."""
+    shape, hist, ahead = (4, 2, 2), [1, 7, 30, 61], [3, 1, 30, 10]
+    cache = _full_cache(hist, shape, window, page_size=4, seed=window + 1)
+    q = torch.randn(len(hist), shape[0] * shape[1], 16)
+    split = make_split_row([2, 3])
+    o, lse = ragged_decode_torch(q, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens, cache.meta,
+                                 split, 0.3, tile=tile, return_lse=True, ahead=torch.tensor(ahead))
+    for b, (n, a) in enumerate(zip(hist, ahead)):
+        mask = _window_mask(n - 1 + a, n, shape[0], window)
+        if not mask.any():   # nothing of the cache in the window: an empty part of the merge
+            assert torch.all(lse[b] == float("-inf")) and torch.all(o[b] == 0)
+            continue
+        want = _masked_attention(q[b:b + 1], cache.k_full[b, :n], cache.v_full[b, :n], mask[None], 0.3)[0]
+        torch.testing.assert_close(o[b], want, atol=2e-5, rtol=1e-4)

@@ -9,7 +9,6 @@ from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import prepare_server_args
 
 from tangram_sglang.profile.uniform import main as write_uniform
-from tangram_sglang.profile import ProfileError
 from tangram_sglang.sglang.compatibility import UnsupportedOption, check_server_args
 
 load_plugins()
@@ -134,21 +133,6 @@ def test_gpt_oss_is_served_with_sglangs_swa_pool_off(tmp_path):
     profile = uniform_profile(ModelShape.from_hf_config(config), [1.0], parallel_capacity=4)
     assert profile.model.window_layers == (0, 2) and profile.model.window == 128
     assert serving_overrides(profile, "torch", "cpu")["disable_hybrid_swa_memory"] is True
-
-
-def test_window_layers_refuse_the_cuda_kernel():
-    """The CUDA C++ decode kernel takes no window yet: a window model names the plane to pass."""
-    from tangram_sglang.profile import ModelShape
-    from tangram_sglang.profile.uniform import uniform_profile
-    from tangram_sglang.sglang.server_args import _check_window_plane
-
-    shape = ModelShape(architecture="Gemma3ForCausalLM", num_layers=2, num_kv_heads=2, head_dim=8, window=16,
-                       window_layers=(0,))
-    prof = uniform_profile(shape, [0.5], parallel_capacity=8)
-    with pytest.raises(ProfileError, match="CUDA decode kernel takes no window yet.*--tangram-data-plane triton"):
-        _check_window_plane(SimpleNamespace(device="cuda"), prof, "cuda")
-    for plane in ("torch", "triton", "auto"):
-        _check_window_plane(SimpleNamespace(device="cuda"), prof, plane)
 
 
 def test_qwen2_sliding_window_field_unused_is_not_a_window_model(tmp_path):

@@ -62,3 +62,24 @@ def test_cuda_decode_matches_reference(dtype, kv_dtype):
                              cache.seq_lens.cuda(), cache.meta.to("cuda"), split.to("cuda"), 0.125)
     tol = 2e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float().cpu(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("window", [1, 7, 40])
+def test_cuda_decode_reads_the_window(window):
+    """A sliding-window layer (every position kept, slot = position): the kernel reads the newest window
+    slots of each (b, g), as the reference does."""
+    import dataclasses
+
+    from tangram_sglang.attention.cuda_ext import ragged_decode_cuda
+
+    hist = np.array([1, 9, 33, 70])
+    cache = make_ragged_cache(np.repeat(hist[:, None], 2, axis=1), num_kv_heads=4, gqa=2, heads_per_group=2,
+                              head_dim=64, page_size=16, extra_hist=0, seed=window)
+    meta = dataclasses.replace(cache.meta, window=window)
+    q = torch.randn(len(hist), 8, 64)
+    split = make_split_row([3, 1])
+    want = ragged_decode_torch(q, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens, meta, split, 0.125)
+    out = ragged_decode_cuda(q.cuda(), cache.k_pages.cuda(), cache.v_pages.cuda(), cache.block_table.cuda(),
+                             cache.seq_lens.cuda(), meta.to("cuda"), split.to("cuda"), 0.125)
+    torch.testing.assert_close(out.cpu(), want, atol=2e-5, rtol=2e-5)

@@ -138,3 +138,26 @@ def test_triton_decode_reads_the_window(window, hp):
     out = ragged_decode_triton(q.to(DEVICE), cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens,
                                meta.to(DEVICE), split.to(DEVICE), 0.25)
     torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("window", [1, 6, 40])
+def test_triton_decode_ahead_matches_the_reference(window):
+    """ahead (a window layer's chunk tokens): the kernel starts each row's cut at its query's window, as
+    the reference does, including rows whose window has passed every cached slot."""
+    import dataclasses
+
+    hist = np.array([1, 9, 33, 33])
+    cache = make_ragged_cache(np.repeat(hist[:, None], 2, axis=1), num_kv_heads=4, gqa=2, heads_per_group=2,
+                              head_dim=16, page_size=4, extra_hist=0, seed=window)
+    meta = dataclasses.replace(cache.meta, window=window)
+    q, ahead = torch.randn(len(hist), 8, 16), torch.tensor([2, 1, 5, 45])
+    split = make_split_row([3, 2])
+    args = (cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens)
+    ref, ref_lse = ragged_decode_torch(q, *args, meta, split, 0.25, return_lse=True, ahead=ahead)
+    plain = ragged_decode_torch(q, *args, meta, split, 0.25)
+    assert window >= 40 or not torch.allclose(ref, plain)   # ahead moves the window
+    cache = _to(cache, DEVICE)
+    out, lse = ragged_decode_triton(q.to(DEVICE), cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens,
+                                    meta.to(DEVICE), split.to(DEVICE), 0.25, return_lse=True, ahead=ahead.to(DEVICE))
+    torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(lse.cpu(), ref_lse, atol=2e-5, rtol=1e-4)

@@ -73,3 +73,30 @@ def test_triton_prefill_lse_gives_the_sinks_of_the_reference():
     o, lse = ragged_prefill_chunk_triton(*map(dev, args), cache.meta.to(DEVICE), 0.25,
                                          split=make_split_row([2, 1]).to(DEVICE), block_n=16, return_lse=True)
     torch.testing.assert_close(add_sinks(o, lse, dev(sinks)).cpu(), ref, atol=3e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(4, 1, 1), (4, 3, 2)])
+@pytest.mark.parametrize("window", [1, 6, 24])
+@pytest.mark.parametrize("hist,chunks", [([0, 40], [30, 9]), ([13, 2, 70], [1, 40, 5])])
+def test_triton_prefill_reads_the_window(shape, window, hist, chunks):
+    """A sliding-window layer: chunk query i at position c + i reads cached and chunk keys
+    c + i - W + 1 .. c + i, as the torch reference's masks and a dense window mask do."""
+    from test_attention_window import _full_cache, _window_mask
+
+    from tangram_sglang.attention.dense import _masked_attention
+
+    h, gqa, _ = shape
+    cache = _full_cache(hist, shape, window, page_size=16, seed=sum(hist) + window)
+    cu = torch.tensor([0, *np.cumsum(chunks).tolist()], dtype=torch.int32)
+    q, k, v = torch.randn(int(cu[-1]), h * gqa, 16), torch.randn(int(cu[-1]), h, 16), torch.randn(int(cu[-1]), h, 16)
+    args = (q, k, v, cu, cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens)
+    ref = ragged_prefill_chunk_torch(*args, cache.meta, 0.3)
+    dev = lambda x: x if DEVICE == "cpu" else x.to(DEVICE)  # noqa: E731
+    out = ragged_prefill_chunk_triton(*map(dev, args), cache.meta.to(DEVICE), 0.3,
+                                      split=make_split_row([3] * cache.meta.num_groups).to(DEVICE), block_n=16)
+    torch.testing.assert_close(out.cpu(), ref, atol=3e-5, rtol=1e-4)
+    b, c = len(hist) - 1, hist[-1]   # the last request against a dense mask of its window
+    keys, vals = torch.cat([cache.k_full[b, :c], k[cu[b]:]]), torch.cat([cache.v_full[b, :c], v[cu[b]:]])
+    mask = torch.stack([_window_mask(c + i, len(keys), h, window) for i in range(chunks[b])])
+    torch.testing.assert_close(out[cu[b]:].cpu(), _masked_attention(q[cu[b]:], keys, vals, mask, 0.3),
+                               atol=3e-5, rtol=1e-4)
