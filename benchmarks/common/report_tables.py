@@ -338,8 +338,11 @@ def kv_read_bytes(workload: str, batch: int, ctx: int, elem: int) -> int:
     return batch * slots * spec["head_dim"] * 2 * elem
 
 
-def gpu_decode_table() -> list[str]:
-    data = load("timing/gpu_decode_nvidia-h200.json")
+GPU_DECODE = "timing/gpu_decode_nvidia-h100-80gb-hbm3.json"   # the newest GPU run (the current kernels)
+
+
+def gpu_decode_table(path: str = GPU_DECODE) -> list[str]:
+    data = load(path)
     rows = []
     for r in data["rows"]:
         gb = kv_read_bytes(r["workload"], r["batch"], r["context"], 1 if r["kv"].startswith("fp8") else 2) / 1e9
@@ -662,7 +665,15 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                        for r in load("timing/cpu_decode.json")["rows"]
                        if (r["method"], r["ratio"]) == ("snapkv", 0.25)),
                    None),
-    "gpu_decode_nvidia-h200": ("Decode attention kernels on an NVIDIA H200: checks against the torch reference, then one "
+    "gpu_decode_nvidia-h100-80gb-hbm3": ("Decode attention kernels on an NVIDIA H100, window layers included: checks against "
+                                         "the torch reference, then one step of all layers with uniform splits and with "
+                                         "the split map",
+                                         lambda: "split map at B = 16: " + ", ".join(
+                                             f"{times(r['triton_uniform_ms'] / r['triton_aot_ms'])} faster "
+                                             f"({r['workload'].split('-')[0]}, {r['kv']} pages)"
+                                             for r in load(GPU_DECODE)["rows"] if r["batch"] == 16),
+                                         None),
+    "gpu_decode_nvidia-h200": ("Decode attention kernels on an NVIDIA H200 (earlier kernels, no window layers): checks against the torch reference, then one "
                                "step of all layers with uniform splits and with the split map",
                                lambda: "split map at B = 16: " + ", ".join(
                                    f"{times(r['triton_uniform_ms'] / r['triton_aot_ms'])} faster "

@@ -171,8 +171,8 @@ class RaggedKVCache:
 
     def drop_window_columns(self, seg_id: int, later_end: np.ndarray) -> tuple[int, int]:
         """Drop a tree segment's window columns that no query at or after slot later_end [V]
-        reads (the tree passes its children's earliest end: no match will end at the segment
-        itself any more). Returns (columns dropped, pages this freed)."""
+        reads (the tree passes the earliest end below the segment where a match may still end: none
+        will end at the segment itself any more). Returns (columns dropped, pages this freed)."""
         if not self.window_rows.size:
             return 0, 0
         return self.store.drop_columns(seg_id, window_dead(later_end, self.window, self.spec.page_size))

@@ -36,7 +36,7 @@ class PoolCounters:
     capped: int = 0
     retracted: int = 0
     evicted_segments: int = 0
-    window_drops: int = 0   # times a tree node dropped sliding-window pages for room (again only if its children changed)
+    window_drops: int = 0   # times a tree node dropped sliding-window columns for room (again only for a later end below it)
     peak_admitted: int = 0  # most requests ever holding pages at once (admitted, not yet released)
     peak_pages_used: int = 0
 

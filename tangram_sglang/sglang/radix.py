@@ -17,8 +17,8 @@ Evicting a node frees its logical ids and drops its segment's page references.
 Sliding-window layers (Gemma 2 / 3): a match may only end where every window layer still
 holds the pages its next query reads (``TreeStore.window_ready``; a match backs up to the
 deepest such node). When admission needs pages, interior nodes give up being match ends,
-least recently used first, and drop the window pages their children's earliest end no longer
-reads (SGLang's SWA radix tree's tombstones); leaves are evicted after that.
+least recently used first, and drop the window pages no query at or after the earliest match end
+below them reads (SGLang's SWA radix tree's tombstones); leaves are evicted after that.
 
 Worked example: request A = [sys, a] (one chunk) finished; request B = [sys, b]
 matches nothing (sys sits inside A's atomic chunk), compresses [sys, b] itself
@@ -49,18 +49,21 @@ class SegNode(TreeNode):
         self.value = value                # int64 [n] logical ids
         self.seg = seg                    # pool Segment (None only for the root)
         self.extra_key = extra_key
-        self.window_end = None            # int [V]: the latest children's earliest end it dropped window pages for
+        self.window_end = None            # int [V]: the latest match end below it it dropped window pages for
 
     @property
     def compressed(self) -> bool:
         return self.seg is not None and self.seg.compressed
 
 
+def _lock_ends_at(node) -> bool:
+    """Some lock ends at this node (a request admitted onto it, whose match was window_ready)."""
+    return node.lock_ref > sum(k.lock_ref for ks in node.children.values() for k in ks)
+
+
 def _may_end_a_match(node) -> bool:
-    """A leaf, a node that has not dropped its window pages, or one some lock ends at (a request admitted
-    onto it, whose match was window_ready)."""
-    kids = [k for ks in node.children.values() for k in ks]
-    return not kids or node.window_end is None or node.lock_ref > sum(k.lock_ref for k in kids)
+    """A leaf, a node that has not dropped its window pages, or one some lock ends at."""
+    return not node.children or node.window_end is None or _lock_ends_at(node)
 
 
 def _match_end_below(node) -> np.ndarray:
@@ -323,8 +326,7 @@ class TangramRadixCache(RadixCache):
         for node in interior:
             if self.store.available_pages >= goal:
                 break
-            kids = [k for ks in node.children.values() for k in ks]
-            if node.lock_ref > sum(k.lock_ref for k in kids):
+            if _lock_ends_at(node):
                 continue
             end = _match_end_below(node)
             if node.window_end is None or np.any(end > node.window_end):
