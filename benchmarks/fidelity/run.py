@@ -3,6 +3,8 @@
     .venv/bin/python -m benchmarks.fidelity.run --quick          # a laptop's hour: SmolLM2, 4 per kind
     .venv/bin/python -m benchmarks.fidelity.run                  # the README's figures (resumable)
     .venv/bin/python -m benchmarks.fidelity.run --report-only    # tables and plot from what is recorded
+    .venv/bin/python -m benchmarks.fidelity.run --tier long --models smollm2 --settings full tangram
+                                                                 # the long tier (benchmarks/fidelity/long_run.py)
 
 Same conversations (benchmarks/fidelity/tasks.py) and token ids for every setting:
   full        stock SGLang (no profile), sessions concurrent, each turn a /generate request
@@ -48,6 +50,13 @@ from benchmarks.fidelity.versions import code_version
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="SmolLM2, 4 retrieval per kind, 2 replays, short docs")
+    ap.add_argument("--tier", choices=("default", "long"), default="default",
+                    help="long: histories near the context, the model's own replies, several scored questions "
+                    "(benchmarks/fidelity/long_tier.py; served settings only; runs default to fidelity_long_runs.jsonl)")
+    ap.add_argument("--long-per-kind", type=int, default=8, help="long tier: scripts per multihop/two_facts/newest")
+    ap.add_argument("--history-tokens", type=int, default=0,
+                    help="long tier: history length (default per model: long_tier.HISTORY_TOKENS)")
+    ap.add_argument("--reply-tokens", type=int, default=48, help="long tier: cap of the full-KV model's replies")
     ap.add_argument("--models", nargs="+", default=["smollm2", "qwen2.5-0.5b"], choices=sorted(PROFILES))
     ap.add_argument("--settings", nargs="+", default=["full", "tangram", *ORACLE, *KVPRESS],
                     choices=sorted(RUNNERS))
@@ -103,6 +112,7 @@ def parse(argv=None):
         args.settings = tagged
     if args.quick:
         args.models, args.retrieval_per_kind, args.replays_per_kind, args.doc_tokens = ["smollm2"], 4, 2, 350
+        args.long_per_kind = min(args.long_per_kind, 2)
     return args
 
 
@@ -113,6 +123,10 @@ def main(argv=None) -> None:
 
     from tangram_sglang.profile import load_profile
 
+    if args.tier == "long":
+        from benchmarks.fidelity.long_run import main_long
+
+        return main_long(args, run_stamp)
     store = RunStore(args.runs)
     if args.carry_from:
         return carry_over(store, args)

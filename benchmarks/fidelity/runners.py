@@ -46,7 +46,8 @@ def run_session(url: str, conv: Conversation, max_new: int) -> dict:
     return {"answer_ids": list(out.get("output_ids") or []), "cached_tokens": cached}
 
 
-def run_server(setting, ratio, convs, args, store, model, model_path, version) -> None:
+def run_server(setting, ratio, convs, args, store, model, model_path, version, session=run_session) -> None:
+    """session(url, conv, max_new) -> the row's answer fields (the long tier answers several turns)."""
     from tangram_sglang.sglang.server_process import ServerProcess
 
     profile = os.path.join(ROOT, PROFILES[model]) if setting.startswith("tangram") else None
@@ -60,7 +61,7 @@ def run_server(setting, ratio, convs, args, store, model, model_path, version) -
 
         def one(conv):
             t0 = time.perf_counter()
-            res = run_session(srv.url, conv, args.max_new_tokens)
+            res = session(srv.url, conv, args.max_new_tokens)
             store.add(dict(key=RunStore.key(model, setting, ratio, conv, version), model=model, setting=setting,
                            ratio=ratio, conv=conv.id, seconds=round(time.perf_counter() - t0, 2), **res))
             done[0] += 1
