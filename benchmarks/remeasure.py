@@ -112,9 +112,9 @@ FIGURES: tuple[Figure, ...] = (
     _concurrency("concurrency_fp8", "--sessions 16 --turns 4 --prompt-tokens 1000 --new-tokens 150 --max-new-tokens 48 "
                  "--max-total-tokens 3072 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml "
                  "--kv-cache-dtype auto fp8_e4m3 --repeats 3"),
-    _concurrency("concurrency_gemma_windows", "--model gemma3-270m --profile configs/gemma3-270m-fastkvzip.yaml "
-                 "--ratios 0.25 --sessions 8 --turns 3 --prompt-tokens 800 --new-tokens 100 --max-new-tokens 32 "
-                 "--max-total-tokens 2048 --repeats 3"),
+    _concurrency("concurrency_gemma_long", "--model gemma3-270m --profile configs/gemma3-270m-fastkvzip.yaml "
+                 "--ratios 0.5 0.25 --sessions 6 --turns 3 --prompt-tokens 1300 --new-tokens 200 --max-new-tokens 32 "
+                 "--max-total-tokens 3072 --repeats 3 --stock-variants fcfs refresh"),
     # fidelity: hours (resumable by conversation)
     _fidelity("fidelity_fastkvzip", "smollm2", "configs/smollm2-fastkvzip.yaml",
               "full tangram dynamic uniform kvpress-kvzip", "0.4 0.6 0.5 0.33 0.32 0.27 0.25", S, 31200),
