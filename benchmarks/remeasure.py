@@ -115,6 +115,9 @@ FIGURES: tuple[Figure, ...] = (
     _concurrency("concurrency_gemma_long", "--model gemma3-270m --profile configs/gemma3-270m-fastkvzip.yaml "
                  "--ratios 0.5 0.25 --sessions 6 --turns 3 --prompt-tokens 1300 --new-tokens 200 --max-new-tokens 32 "
                  "--max-total-tokens 3072 --repeats 3 --stock-variants fcfs refresh"),
+    _concurrency("concurrency_gemma_long_6k", "--model gemma3-270m --profile configs/gemma3-270m-fastkvzip.yaml "
+                 "--ratios 0.5 --sessions 6 --turns 3 --prompt-tokens 1300 --new-tokens 200 --max-new-tokens 32 "
+                 "--max-total-tokens 6144 --repeats 3 --stock-variants fcfs refresh"),
     # fidelity: hours (resumable by conversation)
     _fidelity("fidelity_fastkvzip", "smollm2", "configs/smollm2-fastkvzip.yaml",
               "full tangram dynamic uniform kvpress-kvzip", "0.4 0.6 0.5 0.33 0.32 0.27 0.25", S, 31200),
