@@ -34,7 +34,7 @@ import re
 import string
 from dataclasses import asdict, dataclass, field
 
-from benchmarks.fidelity.tasks import WORDS, ChatBuilder, Conversation
+from benchmarks.fidelity.tasks import WORDS, ChatBuilder, Conversation, needle_fact, passkey_fact
 from tangram_sglang.calibration.needle import EssayCorpus, insert_at_depths
 
 KINDS = ("multihop", "two_facts", "newest")
@@ -122,13 +122,13 @@ def _spread(first: int, last: int, n: int) -> list[int]:
 
 
 def _passkey(key: str) -> tuple[str, Ask]:
-    fact = f"The pass key is {key}. Remember it. {key} is the pass key."
+    fact = passkey_fact(key)
     return fact, Ask("What is the pass key written in one of the earlier documents? Answer with the number only.",
                      "The pass key is", key, (fact,))
 
 
 def _needle(word: str, num: str) -> tuple[str, Ask]:
-    fact = f"One of the special magic numbers for {word} is: {num}."
+    fact = needle_fact(word, num)
     return fact, Ask(f"What is the special magic number for {word}? Answer with the number only.",
                      f"The special magic number for {word} is", num, (fact,))
 

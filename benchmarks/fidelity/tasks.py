@@ -105,16 +105,26 @@ class ChatBuilder:
         return list(self.ids)
 
 
+def passkey_fact(key: str) -> str:
+    """The planted pass-key sentence (also the long tier's)."""
+    return f"The pass key is {key}. Remember it. {key} is the pass key."
+
+
+def needle_fact(word: str, num: str) -> str:
+    """The planted magic-number sentence (also the long tier's)."""
+    return f"One of the special magic numbers for {word} is: {num}."
+
+
 def _fact(kind: str, rng: random.Random) -> tuple[list[str], str, str, list[str]]:
     """(facts for doc 1 and doc 2, question, answer prefix, expected strings)."""
     if kind == "passkey":
         key = str(rng.randrange(10000, 99999))
-        return ([f"The pass key is {key}. Remember it. {key} is the pass key."],
+        return ([passkey_fact(key)],
                 "What is the pass key written in the first document? Answer with the number only.",
                 "The pass key is", [key])
     if kind == "needle":
         word, num = rng.choice(WORDS), str(rng.randrange(1000000, 9999999))
-        return ([f"One of the special magic numbers for {word} is: {num}."],
+        return ([needle_fact(word, num)],
                 f"What is the special magic number for {word}?", f"The special magic number for {word} is", [num])
     if kind == "variable_tracking":
         value = str(rng.randrange(10000, 99999))
