@@ -104,8 +104,11 @@ FIGURES: tuple[Figure, ...] = (
     # serving: tens of minutes each
     Figure("pressure", "serving", "benchmarks.serving.pressure", (), ("--quick",)),
     Figure("soak", "serving", "benchmarks.serving.soak", ("--sessions", "200"), ("--sessions", "12", "--workers", "4")),
+    # the pool where memory binds hardest (stock reused 2% of the history there, one run, 2026-09), every stock
+    # a user could run (fcfs, lpm, each with and without the waiting-queue refresh), 3 alternating runs
     _concurrency("concurrency_multiturn_r04", "--sessions 12 --turns 4 --prompt-tokens 1000 --new-tokens 150 "
-                 "--max-total-tokens 6144 8192 12288 20480 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml"),
+                 "--max-total-tokens 8192 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml "
+                 "--repeats 3 --stock-variants fcfs lpm refresh lpm-refresh"),
     _concurrency("concurrency_multiturn_qwen", "--model qwen2.5-0.5b --sessions 12 --turns 4 --prompt-tokens 1000 "
                  "--new-tokens 150 --max-total-tokens 8192 12288 20480 --ratios 0.25 "
                  "--profile configs/qwen2.5-0.5b-fastkvzip.yaml"),
