@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the test suite: bash launch/test.sh [pytest args]
 #
-# Without arguments, the whole suite: the unit tier (no server, no weights) on both cores; then the
-# upstream tier (one shared server on its own port) beside the model tier (in-process engines, no fixed
-# port), each one test at a time; then the server and soak tiers alone (their checks race requests
+# Without arguments, the whole suite in two lanes, one per core, each one test at a time: lane A the
+# unit tier (no server, no weights) then the model tier (in-process engines, no fixed port); lane B the
+# upstream tier (one shared server on its own port) then the model-tier files named in LANE_B, chosen so
+# both lanes take about 11 minutes. Then the server and soak tiers alone (their checks race requests
 # against each other, so they get the machine to themselves). Fails when any test fails. With
 # arguments, one pytest run of them (`-m unit`: the fast tier).
 set -euo pipefail
@@ -16,14 +17,21 @@ if [ $# -gt 0 ]; then
   exec "${PYTEST[@]}" --durations=15 "$@"
 fi
 rc=0
-"${PYTEST[@]}" -m unit -n 2 --durations=10 || rc=$?
-upstream_log=$(mktemp)
-"${PYTEST[@]}" -m upstream --durations=10 >"$upstream_log" 2>&1 &
-upstream=$!
-"${PYTEST[@]}" -m model --durations=15 || rc=$?
-wait $upstream || rc=$?
-echo "== upstream tier (ran beside the model tier) =="
-cat "$upstream_log"
-rm -f "$upstream_log"
+LANE_B=(tests/model/test_serve_tp.py tests/model/test_decode_graph.py tests/model/test_calibration_cli.py
+        tests/model/test_static_vs_dynamic.py tests/model/test_serving_reference.py)
+lane_b_log=$(mktemp)
+(
+  b=0
+  "${PYTEST[@]}" -m upstream --durations=10 || b=$?
+  "${PYTEST[@]}" -m model --durations=10 "${LANE_B[@]}" || b=$?
+  exit $b
+) >"$lane_b_log" 2>&1 &
+lane_b=$!
+"${PYTEST[@]}" -m unit --durations=10 || rc=$?
+"${PYTEST[@]}" -m model --durations=15 "${LANE_B[@]/#/--ignore=}" || rc=$?
+wait $lane_b || rc=$?
+echo "== lane B: the upstream tier, then ${LANE_B[*]} (ran beside the unit and model tiers) =="
+cat "$lane_b_log"
+rm -f "$lane_b_log"
 "${PYTEST[@]}" -m "server or soak" --durations=15 || rc=$?
 exit $rc
