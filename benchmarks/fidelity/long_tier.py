@@ -180,6 +180,12 @@ def _newest(rng: random.Random, docs: int) -> tuple[dict[int, list[str]], dict[i
 
 
 PLANTERS = {"multihop": _multihop, "two_facts": _two_facts, "newest": _newest}
+# What a document turn asks, after the text, in rotation: one fixed request ("reply with one sentence
+# about it", before the text) had small models repeat their first reply for every part (trial, SmolLM2).
+DOC_ASKS = ("In one sentence, what is part {part} about?",
+            "Name one topic part {part} discusses, in one sentence.",
+            "What does the author argue in part {part}? One sentence.",
+            "Give part {part} a short title.")  # none invites quoting, so a planted fact is not repeated
 
 
 def layout(history_tokens: int, doc_tokens: int = DOC_TOKENS) -> tuple[int, int]:
@@ -201,8 +207,8 @@ def make_script(kind: str, idx: int, corpus: EssayCorpus, tok, history_tokens: i
         marks = list(facts[d])
         rng.shuffle(marks)
         text = insert_at_depths(corpus.haystack(tok, rng, doc_tokens), marks, rng).strip()
-        turns.append(UserTurn(f"Here is part {d + 1} of a long document. Read it and reply with one sentence "
-                              f"about it.\n\n{text}", tuple(marks)))
+        turns.append(UserTurn(f"Here is part {d + 1} of a long document.\n\n{text}\n\n"
+                              f"{DOC_ASKS[d % len(DOC_ASKS)].format(part=d + 1)}", tuple(marks)))
         if d in asks:
             turns.append(UserTurn(asks[d].question, ask=asks[d]))
     turns.append(UserTurn(final.question, ask=final))
