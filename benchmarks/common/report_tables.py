@@ -827,9 +827,15 @@ def clean_command(cmd: str, kind: str) -> str:
 
 
 def behaviour_headline() -> str:
+    """How many comparisons the file holds, how many kept every answer, and the newest per model."""
     rows = load("fidelity/behaviour.json")["rows"]
-    return "; ".join(f"{r['model']} {r['setting']} {r['ratio']:g}: {r['identical']}/{r['conversations']} identical"
-                     for r in rows)
+    kept = sum(r["identical"] == r["conversations"] for r in rows)
+    newest = {r["model"]: r for r in rows}     # rows are appended: the last of each model is its newest
+    return (f"{len(rows)} comparisons, {kept} with every answer identical; newest: " +
+            "; ".join(f"{m} {r['setting']} {r['old']} -> {r['new']}, "
+                      + ", ".join(f"{q['ratio']:g}: {q['identical']}/{q['conversations']}" for q in rows
+                                  if (q['model'], q['old'], q['new']) == (m, r['old'], r['new']))
+                      for m, r in newest.items()))
 
 
 def command_of(kind: str, files: list[str]) -> str | None:
