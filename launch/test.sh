@@ -2,10 +2,10 @@
 # Set up (idempotent) and run the test suite: bash launch/test.sh [pytest args]
 #
 # Without arguments, the whole suite in two lanes, one per core, each one test at a time: lane A the
-# unit tier (no server, no weights) then the model tier (in-process engines, no fixed port); lane B the
+# unit and soak tiers (no server, no weights) then the model tier (in-process engines, no fixed port); lane B the
 # upstream tier (one shared server on its own port) then the model-tier files named in LANE_B, chosen so
-# both lanes take about 11 minutes. Then the server and soak tiers alone (their checks race requests
-# against each other, so they get the machine to themselves). Fails when any test fails. With
+# both lanes take about 11 minutes. Then the server tier alone (its checks race requests against each
+# other, so it gets the machine to itself). Fails when any test fails. With
 # arguments, one pytest run of them (`-m unit`: the fast tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,11 +27,11 @@ lane_b_log=$(mktemp)
   exit $b
 ) >"$lane_b_log" 2>&1 &
 lane_b=$!
-"${PYTEST[@]}" -m unit --durations=10 || rc=$?
+"${PYTEST[@]}" -m "unit or soak" --durations=10 || rc=$?
 "${PYTEST[@]}" -m model --durations=15 "${LANE_B[@]/#/--ignore=}" || rc=$?
 wait $lane_b || rc=$?
 echo "== lane B: the upstream tier, then ${LANE_B[*]} (ran beside the unit and model tiers) =="
 cat "$lane_b_log"
 rm -f "$lane_b_log"
-"${PYTEST[@]}" -m "server or soak" --durations=15 || rc=$?
+"${PYTEST[@]}" -m server --durations=15 || rc=$?
 exit $rc
