@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the test suite: bash launch/test.sh [pytest args]
 #
-# Without arguments, the whole suite in two lanes, one per core, each one test at a time: lane A the
-# unit and soak tiers (no server, no weights) then the model tier (in-process engines, no fixed port); lane B the
-# upstream tier (one shared server on its own port) then the model-tier files named in LANE_B, chosen so
-# both lanes take about 11 minutes. Then the server tier alone (its checks race requests against each
-# other, so it gets the machine to itself). Fails when any test fails. With
-# arguments, one pytest run of them (`-m unit`: the fast tier).
+# Without arguments, the whole suite in two lanes, one per core, each one test at a time:
+#   lane A: the unit and soak tiers (no server, no weights), then the model tier (in-process engines);
+#   lane B: the upstream tier (one shared server on its own port), then the model-tier files in LANE_B,
+#           chosen so both lanes take about 11 minutes.
+# Then the server tier alone (its checks race requests against each other, so it gets the machine to
+# itself). Fails when any test fails. With arguments, one pytest run of them (`-m unit`: the fast tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh
