@@ -199,6 +199,29 @@ def repeats_table(names: list[str]) -> list[str]:
                   "vs best stock", "sessions at once", "turn-2+ reuse"], rows)
 
 
+def _mmm(v, fmt: str = "{:.3g}") -> str:
+    """'median [min, max]' of a bench_serving summary value ([median, min, max] or None)."""
+    return "-" if v is None else f"{fmt.format(v[0])} [{fmt.format(v[1])}, {fmt.format(v[2])}]"
+
+
+BENCH_SERVING_HEADER = ["setting", "request rate", "runs", "pool MiB", "requests / s", "vs {baseline}",
+                        "output tok / s", "TTFT median ms", "TTFT p99 ms", "TPOT median ms", "TPOT p99 ms",
+                        "cache hit %", "goodput req / s"]
+
+
+def bench_serving_table(res: dict | None = None) -> list[str]:
+    """SGLang's bench_serving runs (benchmarks/serving/bench_serving.py's results, default its file): each
+    setting and request rate, median [min, max] over the repeats."""
+    res = load("serving/bench_serving.json") if res is None else res
+    rows = [[s["setting"], "all at once" if s["rate"] in ("inf", math.inf) else f"{s['rate']:g}/s", str(s["runs"]),
+             "-" if not s["pool_bytes"] else f"{s['pool_bytes'] / 2**20:.1f}",
+             _mmm(s["request_throughput"]), _mmm(s["vs_baseline"], "{:.2f}"), _mmm(s["output_throughput"]),
+             _mmm(s["median_ttft_ms"], "{:.0f}"), _mmm(s["p99_ttft_ms"], "{:.0f}"), _mmm(s["median_tpot_ms"], "{:.0f}"),
+             _mmm(s["p99_tpot_ms"], "{:.0f}"), _mmm(s["cache_hit_rate_pct"], "{:.0f}"), _mmm(s["request_goodput"])]
+            for s in res["summary"]]
+    return table([h.format(baseline=res["baseline"]) for h in BENCH_SERVING_HEADER], rows)
+
+
 def mode_label(mode: dict) -> str:
     """'stock SGLang' or 'Tangram, <scorer> <ratio>' for one server of a concurrency run."""
     if mode["ratio"] is None:

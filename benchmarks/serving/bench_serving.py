@@ -37,7 +37,7 @@ from benchmarks.common.client import call, server_state
 from benchmarks.common.log import logger
 from benchmarks.common.models import ensure_model
 from benchmarks.common.paths import ROOT, result_path
-from benchmarks.common.report_tables import table
+from benchmarks.common.report_tables import bench_serving_table
 from benchmarks.common.results import write_json, write_markdown
 from benchmarks.common.stamp import stamp
 from benchmarks.serving.concurrency import STOCK_VARIANTS, full_kv_token_bytes
@@ -156,10 +156,6 @@ def summarize(rows: list[dict], names: list[str], rates: list[float], baseline: 
     return out
 
 
-def _mr(v, fmt="{:.3g}") -> str:
-    return "-" if v is None else f"{fmt.format(v[0])} [{fmt.format(v[1])}, {fmt.format(v[2])}]"
-
-
 def fmt_md(res: dict) -> list[str]:
     a = res["args"]
     lines = [f"Workload: bench_serving generated-shared-prefix, {a['groups']} system prompts of {a['system_len']} "
@@ -169,16 +165,7 @@ def fmt_md(res: dict) -> list[str]:
              f"MiB of full KV). Median [min, max] over {a['repeats']} alternating repeats; 'vs {res['baseline']}' "
              f"is request throughput over that setting's in the same repeat. Goodput: requests per second with "
              f"TTFT under {a['ttft_slo_ms']:g} ms.", ""]
-    rows = [[s["setting"], "all at once" if math.isinf(s["rate"]) else f"{s['rate']:g}/s", str(s["runs"]),
-             "-" if not s["pool_bytes"] else f"{s['pool_bytes'] / 2**20:.1f}",
-             _mr(s["request_throughput"]), _mr(s["vs_baseline"], "{:.2f}"), _mr(s["output_throughput"]),
-             _mr(s["median_ttft_ms"], "{:.0f}"), _mr(s["p99_ttft_ms"], "{:.0f}"), _mr(s["median_tpot_ms"], "{:.0f}"),
-             _mr(s["p99_tpot_ms"], "{:.0f}"), _mr(s["cache_hit_rate_pct"], "{:.0f}"), _mr(s["request_goodput"])]
-            for s in res["summary"]]
-    lines += table(["setting", "request rate", "runs", "pool MiB", "requests / s", f"vs {res['baseline']}",
-                    "output tok / s", "TTFT median ms", "TTFT p99 ms", "TPOT median ms", "TPOT p99 ms",
-                    "cache hit %", "goodput req / s"], rows)
-    return lines
+    return lines + bench_serving_table(res)
 
 
 def _jsonable(rate: float) -> float | str:
