@@ -109,9 +109,10 @@ FIGURES: tuple[Figure, ...] = (
     _concurrency("concurrency_multiturn_r04", "--sessions 12 --turns 4 --prompt-tokens 1000 --new-tokens 150 "
                  "--max-total-tokens 8192 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml "
                  "--repeats 3 --stock-variants fcfs lpm refresh lpm-refresh"),
+    # the same on Qwen: refresh alone gave SmolLM2's stock nothing (0.99x), so its three strongest stocks
     _concurrency("concurrency_multiturn_qwen", "--model qwen2.5-0.5b --sessions 12 --turns 4 --prompt-tokens 1000 "
-                 "--new-tokens 150 --max-total-tokens 8192 12288 20480 --ratios 0.25 "
-                 "--profile configs/qwen2.5-0.5b-fastkvzip.yaml"),
+                 "--new-tokens 150 --max-total-tokens 8192 --ratios 0.25 "
+                 "--profile configs/qwen2.5-0.5b-fastkvzip.yaml --repeats 3 --stock-variants fcfs lpm lpm-refresh"),
     _concurrency("concurrency_fp8", "--sessions 16 --turns 4 --prompt-tokens 1000 --new-tokens 150 --max-new-tokens 48 "
                  "--max-total-tokens 3072 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml "
                  "--kv-cache-dtype auto fp8_e4m3 --repeats 3"),

@@ -735,7 +735,7 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                           lambda: f"{len(load('fidelity/fidelity_versions.json'))} version links",
                           "written by `.venv/bin/python -m benchmarks.fidelity.run --carry-from VERSION`"),
     "concurrency_multiturn_r04": ("Multi-turn throughput (12 sessions x 4 turns) at the same KV bytes, SmolLM2 "
-                                  "FastKVzip 0.4, four pool sizes",
+                                  "FastKVzip 0.4, the 8,192-token pool, against four stock configurations, 3 runs",
                                   lambda: concurrency_headline("serving/concurrency_multiturn_r04.json"), None),
     "concurrency_multiturn_qwen": ("The same workload on Qwen2.5-0.5B, FastKVzip 0.25, three pool sizes",
                                    lambda: concurrency_headline("serving/concurrency_multiturn_qwen.json"), None),
