@@ -122,6 +122,11 @@ FIGURES: tuple[Figure, ...] = (
     _concurrency("concurrency_gemma_long_6k", "--model gemma3-270m --profile configs/gemma3-270m-fastkvzip.yaml "
                  "--ratios 0.5 --sessions 6 --turns 3 --prompt-tokens 1300 --new-tokens 200 --max-new-tokens 32 "
                  "--max-total-tokens 6144 --repeats 3 --stock-variants fcfs refresh"),
+    # SGLang's own benchmark, multi-turn: plain stock, the strongest stock of the throughput run, Tangram
+    Figure("bench_serving", "serving", "benchmarks.serving.bench_serving",
+           ("--model", "smollm2", "--profile", "configs/smollm2-fastkvzip.yaml", "--ratios", "0.4", "--stock-policies",
+            "fcfs", "lpm-refresh", "--max-total-tokens", "4096", "--rates", "0.5", "--repeats", "3"),
+           ("--quick", "--out", f"{QUICK_DIR}/serving/bench_serving.json")),
     # fidelity: hours (resumable by conversation)
     _fidelity("fidelity_fastkvzip", "smollm2", "configs/smollm2-fastkvzip.yaml",
               "full tangram dynamic uniform kvpress-kvzip", "0.4 0.6 0.5 0.33 0.32 0.27 0.25", S, 31200),
