@@ -551,6 +551,29 @@ def repeats_row(name: str, model: str) -> list:
             link(name)]
 
 
+def bench_serving_row() -> list:
+    """SGLang's bench_serving at the first Tangram setting and the first rate: request throughput against
+    the best stock setting and plain stock, and p99 TTFT against the best stock's (medians over repeats)."""
+    res = load("serving/bench_serving.json")
+    a = res["args"]
+    rate = res["summary"][0]["rate"]
+    at = [x for x in res["summary"] if x["rate"] == rate]
+    stock = [x for x in at if x["setting"].startswith("stock")]
+    best = max(stock, key=lambda x: x["request_throughput"][0])
+    tg = next(x for x in at if x["setting"].startswith("tangram"))
+    rps = lambda x: x["request_throughput"][0]   # noqa: E731
+    ttft = lambda x: x["p99_ttft_ms"][0] / 1000  # noqa: E731
+    hits = lambda x: x["cache_hit_rate_pct"][0]  # noqa: E731
+    rate_s = "all at once" if rate in ("inf", math.inf) else f"{rate:g} requests/s"
+    return [f"`sglang.bench_serving`, multi-turn (generated-shared-prefix, {a['groups'] * a['per_group']} conversations "
+            f"x {a['turns']} turns, replies fed back), SmolLM2, FastKVzip {tg['setting'].split('@')[1]}, "
+            f"{a['max_total_tokens']:,} full-KV tokens' bytes, {rate_s} ({tg['runs']} alternating runs)",
+            f"**{rps(tg) / rps(best):.2f}x** the best stock's requests/s ({rps(tg) / rps(stock[0]):.2f}x plain "
+            f"stock's); p99 TTFT {ttft(tg):.0f} s; cache hits {hits(tg):.0f}%",
+            f"best stock ({best['setting'].removeprefix('stock-')}): p99 TTFT {ttft(best):.0f} s, cache hits "
+            f"{hits(best):.0f}%", link("serving/bench_serving.json")]
+
+
 def gemma_throughput_row() -> list:
     """Gemma-3-270m at its shipped 0.5 over repeated runs: turns/s against the best stock of each repeat."""
     return repeats_row(f"serving/{GEMMA_THROUGHPUT[-1]}.json", "Gemma-3-270m (a hybrid)")
@@ -575,6 +598,8 @@ def key_results() -> list[str]:
                      f"full-KV tokens (one run each)", gain, base,
                      link(spec["throughput"])])
     rows.append(gemma_throughput_row())
+    if (RESULTS / "serving" / "bench_serving.json").exists():
+        rows.append(bench_serving_row())
     p = {r["setting"]: r for r in load("serving/pressure.json")["rows"]}
     st = p.pop("stock SGLang")
     tg = "; ".join(f"{pressure_label(k)}: {r['completed']} completed, {r['capped']} capped, {r['refused']} refused, "
@@ -642,6 +667,7 @@ DOC_BLOCKS = {
     "throughput-gemma": lambda: repeats_table([f"serving/{n}.json" for n in GEMMA_THROUGHPUT
                                                if (RESULTS / "serving" / f"{n}.json").exists()]),
     "paper-models": paper_models_table,
+    "bench-serving": bench_serving_table,
 }
 
 
@@ -737,6 +763,9 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "concurrency_multiturn_r04": ("Multi-turn throughput (12 sessions x 4 turns) at the same KV bytes, SmolLM2 "
                                   "FastKVzip 0.4, the 8,192-token pool, against four stock configurations, 3 runs",
                                   lambda: concurrency_headline("serving/concurrency_multiturn_r04.json"), None),
+    "bench_serving": ("SGLang's own bench_serving, multi-turn (generated-shared-prefix, replies fed back), stock "
+                      "against Tangram at the same KV bytes, 3 alternating runs",
+                      lambda: " ".join(bench_serving_row()[1:3]).replace("**", ""), None),
     "concurrency_multiturn_qwen": ("The same workload on Qwen2.5-0.5B, FastKVzip 0.25, three pool sizes",
                                    lambda: concurrency_headline("serving/concurrency_multiturn_qwen.json"), None),
     "concurrency_multiturn": ("The same workload at SmolLM2 FastKVzip 0.5, before waiting turns refreshed their "
