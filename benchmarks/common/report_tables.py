@@ -185,7 +185,7 @@ def repeats_table(names: list[str]) -> list[str]:
             at = [m for m in modes if m["max_total_tokens"] == total]
             by_repeat = {r: [m for m in at if m.get("repeat", 0) == r] for r in {m.get("repeat", 0) for m in at}}
             plain = {r: turns_per_s(next(m for m in ms if m["mode"] == "stock")) for r, ms in by_repeat.items()}
-            best = {r: max(turns_per_s(m) for m in ms if m["ratio"] is None) for r, ms in by_repeat.items()}
+            best = {r: turns_per_s(m) for r, m in best_stock(at).items()}
             for mode in dict.fromkeys(m["mode"] for m in at):
                 runs = [m for m in at if m["mode"] == mode]
                 tps = [turns_per_s(m) for m in runs]
@@ -566,7 +566,8 @@ def bench_serving_row() -> list:
     hits = lambda x: x["cache_hit_rate_pct"][0]  # noqa: E731
     rate_s = "all at once" if rate in ("inf", math.inf) else f"{rate:g} requests/s"
     return [f"`sglang.bench_serving`, multi-turn (generated-shared-prefix, {a['groups'] * a['per_group']} conversations "
-            f"x {a['turns']} turns, replies fed back), SmolLM2, FastKVzip {tg['setting'].split('@')[1]}, "
+            f"x {a['turns']} turns, replies fed back), {SHIPPED.get(a['model'], {}).get('name', a['model'])}, "
+            f"{scorer_name(pathlib.Path(a['profile']).stem)} {tg['setting'].split('@')[1]}, "
             f"{a['max_total_tokens']:,} full-KV tokens' bytes, {rate_s} ({tg['runs']} alternating runs)",
             f"**{rps(tg) / rps(best):.2f}x** the best stock's requests/s ({rps(tg) / rps(stock[0]):.2f}x plain "
             f"stock's); p99 TTFT {ttft(tg):.0f} s; cache hits {hits(tg):.0f}%",
@@ -598,8 +599,7 @@ def key_results() -> list[str]:
                      f"full-KV tokens (one run each)", gain, base,
                      link(spec["throughput"])])
     rows.append(gemma_throughput_row())
-    if (RESULTS / "serving" / "bench_serving.json").exists():
-        rows.append(bench_serving_row())
+    rows.append(bench_serving_row())
     p = {r["setting"]: r for r in load("serving/pressure.json")["rows"]}
     st = p.pop("stock SGLang")
     tg = "; ".join(f"{pressure_label(k)}: {r['completed']} completed, {r['capped']} capped, {r['refused']} refused, "
