@@ -12,6 +12,11 @@ import urllib.request
 from benchmarks.common.corpus import essay_token_ids  # noqa: F401  (re-exported for the tests)
 from tangram_sglang.sglang.server_process import ServerProcess
 
+# An idle SGLang scheduler polls its sockets in a busy loop, a whole core each; the tests' servers and
+# engines sleep when idle instead, so a server waiting on its client leaves the other test lane its core.
+IDLE_ARGS = ["--sleep-on-idle"]
+IDLE_KWARGS = {"sleep_on_idle": True}
+
 
 def post(url: str, payload: dict | None = None, timeout: float = 180) -> tuple[int, object]:
     """(status, parsed JSON or raw text) of a POST, HTTP errors included."""

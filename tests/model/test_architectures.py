@@ -10,6 +10,7 @@ import atexit
 
 import pytest
 import sglang
+from served import IDLE_KWARGS
 from tiny_model import PROMPTS, build_tiny, hf_greedy
 
 from tangram_sglang.profile.uniform import main as write_uniform
@@ -26,7 +27,7 @@ def tiny(request, tmp_path_factory):
 
 def serve(path, prompts, turns=1, sampling=SAMPLING, max_total_tokens=2048, **kwargs):
     engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=max_total_tokens,
-                           log_level="error", **kwargs)
+                           log_level="error", **IDLE_KWARGS, **kwargs)
     try:
         outs = [[r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=sampling)]]
         if turns == 2:

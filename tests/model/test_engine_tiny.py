@@ -4,6 +4,7 @@ import atexit
 
 import pytest
 import sglang
+from served import IDLE_KWARGS
 
 from tangram_sglang.profile.uniform import main as write_uniform
 
@@ -12,7 +13,7 @@ SAMPLING = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
 
 def run_engine(model_path, prompts, **kwargs):
     engine = sglang.Engine(model_path=model_path, skip_tokenizer_init=True, dtype="float32",
-                           max_total_tokens=2048, log_level="error", **kwargs)
+                           max_total_tokens=2048, log_level="error", **IDLE_KWARGS, **kwargs)
     try:
         outs = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=SAMPLING)]
         info = engine.get_server_info()["internal_states"][0].get("tangram")
@@ -41,7 +42,7 @@ def test_profile_reaches_spawned_scheduler(tiny_llama, tmp_path):
     write_uniform(["--model-path", path, "--ratio", "1.0", "-o", str(profile)])
     turn2 = [p + o + [5, 6, 7] for p, o in zip(prompts, hf)]
     engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=2048,
-                           log_level="error", tangram_profile=str(profile))
+                           log_level="error", tangram_profile=str(profile), **IDLE_KWARGS)
     try:
         outs = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=SAMPLING)]
         second = engine.generate(input_ids=turn2, sampling_params=SAMPLING)
@@ -123,7 +124,7 @@ def test_fp8_pages_serve_the_oracle_tokens(tiny_llama, tmp_path):
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (150, 97)]
     engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=2048,
-                           log_level="error", tangram_profile=profile, kv_cache_dtype="fp8_e4m3")
+                           log_level="error", tangram_profile=profile, kv_cache_dtype="fp8_e4m3", **IDLE_KWARGS)
     try:
         outs = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=SAMPLING)]
         turn2 = [p + o + [5, 6, 7] for p, o in zip(prompts, outs)]
@@ -173,7 +174,7 @@ def test_max_new_tokens_capped_to_what_the_pool_can_hold(tiny_llama, tmp_path):
     profile = tmp_path / "u.yaml"
     write_uniform(["--model-path", path, "--ratio", "1.0", "-o", str(profile)])
     engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=200,
-                           log_level="error", tangram_profile=str(profile))
+                           log_level="error", tangram_profile=str(profile), **IDLE_KWARGS)
     try:
         prompt = list(range(5, 105))
         long = engine.generate(input_ids=[prompt], sampling_params={"temperature": 0, "max_new_tokens": 400,

@@ -14,6 +14,7 @@ import time
 
 import pytest
 import sglang
+from served import IDLE_KWARGS
 
 from tangram_sglang.profile.uniform import main as write_uniform
 
@@ -42,7 +43,7 @@ def _serve(model_path, prompts, batched=False, **kwargs):
     """Greedy outputs of the prompts sent one at a time (and, with batched, then all at once
     after a cache flush), and the Tangram info."""
     engine = sglang.Engine(model_path=model_path, skip_tokenizer_init=True, dtype="float32",
-                           max_total_tokens=8192, log_level="error", **kwargs)
+                           max_total_tokens=8192, log_level="error", **IDLE_KWARGS, **kwargs)
     try:
         params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
         outs = [engine.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]

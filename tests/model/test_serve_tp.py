@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import sglang
 import torch
+from served import IDLE_KWARGS
 
 from tangram_sglang.profile import ModelShape
 from tangram_sglang.profile.builder import make_entry
@@ -25,7 +26,7 @@ def two_ranks(monkeypatch):
 
 def run_engine(model_path, prompts, tp_size, sampling=SAMPLING, **kwargs):
     engine = sglang.Engine(model_path=model_path, skip_tokenizer_init=True, dtype="float32", tp_size=tp_size,
-                           max_total_tokens=kwargs.pop("max_total_tokens", 2048), log_level="error", **kwargs)
+                           max_total_tokens=kwargs.pop("max_total_tokens", 2048), log_level="error", **IDLE_KWARGS, **kwargs)
     try:
         outs = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=sampling)]
         info = engine.get_server_info()["internal_states"][0].get("tangram")

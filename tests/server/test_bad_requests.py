@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from served import essay_token_ids, flush, generate, get_status, log_tracebacks, post, wait_idle
+from served import IDLE_ARGS, essay_token_ids, flush, generate, get_status, log_tracebacks, post, wait_idle
 
 from tangram_sglang.sglang.server_process import ServerProcess
 
@@ -36,7 +36,7 @@ def essay_ids(smollm2_path):
 @pytest.fixture(scope="module")
 def server(smollm2_path):
     with ServerProcess(smollm2_path, port=PORT, profile=PROFILE,
-                       extra_args=["--tangram-ratio", "0.25", "--max-total-tokens", "384"]) as srv:
+                       extra_args=["--tangram-ratio", "0.25", "--max-total-tokens", "384", *IDLE_ARGS]) as srv:
         yield srv
         assert log_tracebacks(srv) == []
 

@@ -4,7 +4,7 @@ keeps a conversation on the replica that holds its compressed history; round-rob
 import os
 
 import pytest
-from served import generate, get_status
+from served import IDLE_ARGS, generate, get_status
 
 from tangram_sglang.sglang.server_process import RouterProcess, ServerProcess, start_all
 
@@ -19,7 +19,7 @@ QUESTIONS = ["Name three rivers of Europe and one fact about each of them.",
 @pytest.fixture(scope="module")
 def replicas(smollm2_path):
     servers = [ServerProcess(smollm2_path, port=PORT + 1 + i, profile=PROFILE,
-                             extra_args=["--max-total-tokens", "4096", "--tangram-ratio", "0.5"],
+                             extra_args=["--max-total-tokens", "4096", "--tangram-ratio", "0.5", *IDLE_ARGS],
                              log_path=f"/tmp/tangram-test-replica-{i}.log") for i in range(2)]
     try:
         yield start_all(servers)

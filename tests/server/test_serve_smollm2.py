@@ -6,6 +6,7 @@ import sys
 import urllib.request
 
 import pytest
+from served import IDLE_ARGS
 
 from tangram_sglang.profile.uniform import main as write_uniform
 from tangram_sglang.sglang.server_process import ServerProcess
@@ -22,7 +23,7 @@ def profile(smollm2_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(smollm2_path, profile):
-    with ServerProcess(smollm2_path, port=PORT, profile=profile, extra_args=["--enable-cache-report", "--enable-metrics"]) as srv:
+    with ServerProcess(smollm2_path, port=PORT, profile=profile, extra_args=["--enable-cache-report", "--enable-metrics", *IDLE_ARGS]) as srv:
         yield srv
 
 

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from served import (
+    IDLE_ARGS,
     essay_token_ids,
     flush,
     generate,
@@ -66,7 +67,7 @@ def essay_ids(tokenizer):
 @pytest.fixture(scope="module")
 def server(smollm2_path):
     with ServerProcess(smollm2_path, port=PORT, profile=PROFILE,
-                       extra_args=["--tangram-ratio", str(RATIO), "--enable-cache-report"]) as srv:
+                       extra_args=["--tangram-ratio", str(RATIO), "--enable-cache-report", *IDLE_ARGS]) as srv:
         _LIVE.append(srv)
         yield srv
         _LIVE.remove(srv)
@@ -77,7 +78,7 @@ def small_server(smollm2_path):
     for other in _LIVE:  # the tests before this one are done with it
         other.stop()
     with ServerProcess(smollm2_path, port=SOAK_PORT, profile=PROFILE,
-                       extra_args=["--tangram-ratio", str(RATIO), "--max-total-tokens", "1024"]) as srv:
+                       extra_args=["--tangram-ratio", str(RATIO), "--max-total-tokens", "1024", *IDLE_ARGS]) as srv:
         yield srv
 
 

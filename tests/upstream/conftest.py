@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from served import IDLE_ARGS
 
 from tangram_sglang.sglang.server_process import ServerProcess
 
@@ -68,7 +69,7 @@ def upstream_server(smollm2_path, tmp_path_factory):
         profile = str(tmp_path_factory.mktemp("upstream") / "smollm2-uniform-1.0.yaml")
         write_uniform(["--model-path", smollm2_path, "--ratio", "1.0", "-o", profile])
     with ServerProcess(smollm2_path, port=PORT, profile=profile,
-                       extra_args=["--enable-cache-report", "--max-running-requests", "48", *extra],
+                       extra_args=["--enable-cache-report", "--max-running-requests", "48", *IDLE_ARGS, *extra],
                        log_path=f"/tmp/tangram-upstream-{TARGET}.log") as srv:
         yield srv
     with open(srv.log_path, errors="replace") as f:
