@@ -682,6 +682,14 @@ def fidelity_headline(name: str) -> str:
         for r in served)
 
 
+def long_headline(name: str = "fidelity/fidelity_long.json") -> str:
+    """Questions right by the exact fact per setting of the long tier, with the KV each held."""
+    return "; ".join(f"{setting_label(r['setting'])}{'' if r['setting'] == 'full' else ' ' + format(r['ratio'], 'g')}: "
+                     f"{r['correct']}/{r['questions']} questions over {r['n']} conversations"
+                     + ("" if r.get("held_share") is None else f" ({pct(r['held_share'])} of full KV held)")
+                     for r in rows_of(name))
+
+
 def concurrency_headline(name: str) -> str:
     if repeated(name):
         row = repeats_row(name, "")
@@ -755,6 +763,16 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                       "token ids and code version (runs resume from it)",
                       lambda: f"{line_count('fidelity/fidelity_runs.jsonl'):,} recorded answers",
                       "written by `.venv/bin/python -m benchmarks.fidelity.run`, which appends every answer"),
+    "fidelity_long": ("The long tier: histories near SmolLM2's context (about 7K tokens), the full-KV model's own "
+                      "replies as intermediate turns, several questions per conversation scored by the exact fact",
+                      lambda: long_headline(), None),
+    "fidelity_long_runs": ("Every answer of the long tier, keyed like fidelity_runs (runs resume from it)",
+                           lambda: f"{line_count('fidelity/fidelity_long_runs.jsonl'):,} recorded conversations",
+                           "written by `.venv/bin/python -m benchmarks.fidelity.run --tier long`"),
+    "fidelity_long_replies": ("The long tier's pass 1: the full-KV model's greedy replies that fix each script's "
+                              "intermediate turns, keyed by model, script digest, SGLang version and reply cap",
+                              lambda: f"{len(load('fidelity/fidelity_long_replies.json'))} scripts' replies",
+                              "written by `.venv/bin/python -m benchmarks.fidelity.run --tier long` (pass 1)"),
     "behaviour": ("Answers of the served profiles before and after a code change, every conversation of the set "
                   "(the evidence that a restructuring kept behaviour)", lambda: behaviour_headline(), None),
     "fidelity_versions": ("Code versions of fidelity settings shown to give identical answers, with the evidence",
