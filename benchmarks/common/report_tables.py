@@ -600,6 +600,8 @@ def key_results() -> list[str]:
                      link(spec["throughput"])])
     rows.append(gemma_throughput_row())
     rows.append(bench_serving_row())
+    if (RESULTS / LONG).exists():
+        rows.append(long_row())
     p = {r["setting"]: r for r in load("serving/pressure.json")["rows"]}
     st = p.pop("stock SGLang")
     tg = "; ".join(f"{pressure_label(k)}: {r['completed']} completed, {r['capped']} capped, {r['refused']} refused, "
@@ -668,6 +670,7 @@ DOC_BLOCKS = {
                                                if (RESULTS / "serving" / f"{n}.json").exists()]),
     "paper-models": paper_models_table,
     "bench-serving": bench_serving_table,
+    "fidelity-long": lambda: long_table() if (RESULTS / LONG).exists() else ["Not measured yet."],
 }
 
 
@@ -682,7 +685,44 @@ def fidelity_headline(name: str) -> str:
         for r in served)
 
 
-def long_headline(name: str = "fidelity/fidelity_long.json") -> str:
+LONG = "fidelity/fidelity_long.json"
+
+
+def questions_right(row: dict) -> str:
+    """k/n questions right by the exact fact, with the 95% interval."""
+    k, n = row["correct"], row["questions"]
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} ({100 * k / n:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}])"
+
+
+def long_table() -> list[str]:
+    """The long tier's rows: questions and conversations right, per kind, the KV each held."""
+    rows = rows_of(LONG)
+    kinds = list(rows[0]["per_kind"]) if rows else []
+    return table(["setting", "ratio", "KV held", "questions right [95% CI]", "conversations all right",
+                  *kinds, "degenerate answers"],
+                 [[setting_label(r["setting"]), f"{r['ratio']:g}", pct(r.get("held_share")) if r["setting"] != "full"
+                   else "100%", questions_right(r), f"{r['conversations_correct']}/{r['n']}",
+                   *("{}/{}".format(*r["per_kind"][k]["questions"]) for k in kinds),
+                   f"{r['degenerate']}/{r['questions']}"] for r in rows])
+
+
+def long_row() -> list[str]:
+    """README row: Tangram against full KV on the long tier."""
+    rows = rows_of(LONG)
+    full = next(r for r in rows if r["setting"] == "full")
+    served = [r for r in rows if r["setting"] != "full"]
+    command = (load(LONG).get("stamp") or {}).get("command", "")
+    profile = next((a for a in command.split() if a.startswith("configs/")), "")
+    scorer = f", {scorer_name(pathlib.Path(profile).stem)}" if profile else ""
+    return ([f"Long multi-turn questions right (histories near the context, the model's own replies), "
+             f"{SHIPPED.get(full['model'], {}).get('name', full['model'])}{scorer}, {full['n']} conversations, "
+             f"scored by the exact fact",
+             "; ".join(f"**{questions_right(r)}** at {r['ratio']:g}, {pct(r.get('held_share'))} of full KV held"
+                       for r in served), f"full KV {questions_right(full)}", link(LONG)])
+
+
+def long_headline(name: str = LONG) -> str:
     """Questions right by the exact fact per setting of the long tier, with the KV each held."""
     return "; ".join(f"{setting_label(r['setting'])}{'' if r['setting'] == 'full' else ' ' + format(r['ratio'], 'g')}: "
                      f"{r['correct']}/{r['questions']} questions over {r['n']} conversations"
