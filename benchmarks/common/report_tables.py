@@ -700,11 +700,16 @@ def long_table() -> list[str]:
     rows = rows_of(LONG)
     kinds = list(rows[0]["per_kind"]) if rows else []
     return table(["setting", "ratio", "KV held", "questions right [95% CI]", "conversations all right",
-                  *kinds, "degenerate answers"],
+                  *kinds, "degenerate answers", "answers as full KV's"],
                  [[setting_label(r["setting"]), f"{r['ratio']:g}", pct(r.get("held_share")) if r["setting"] != "full"
                    else "100%", questions_right(r), f"{r['conversations_correct']}/{r['n']}",
                    *("{}/{}".format(*r["per_kind"][k]["questions"]) for k in kinds),
-                   f"{r['degenerate']}/{r['questions']}"] for r in rows])
+                   f"{r['degenerate']}/{r['questions']}", same_as_full(r)] for r in rows])
+
+
+def same_as_full(row: dict) -> str:
+    """Scored answers token for token equal to full KV's (older files lack the count)."""
+    return "{}/{}".format(*row["same_as_full"]) if "same_as_full" in row else "-"
 
 
 def long_row() -> list[str]:
@@ -718,8 +723,9 @@ def long_row() -> list[str]:
     return ([f"Long multi-turn questions right (histories near the context, the model's own replies), "
              f"{SHIPPED.get(full['model'], {}).get('name', full['model'])}{scorer}, {full['n']} conversations, "
              f"scored by the exact fact",
-             "; ".join(f"**{questions_right(r)}** at {r['ratio']:g}, {pct(r.get('held_share'))} of full KV held"
-                       for r in served), f"full KV {questions_right(full)}", link(LONG)])
+             "; ".join(f"**{questions_right(r)}** at {r['ratio']:g}, {pct(r.get('held_share'))} of full KV held; "
+                       f"{same_as_full(r)} answers token for token full KV's" for r in served),
+             f"full KV {questions_right(full)}", link(LONG)])
 
 
 def long_headline(name: str = LONG) -> str:
@@ -770,6 +776,12 @@ def tp_headline() -> str:
     return f"served KV cost over TP=1 at ratio 0.25, H_p = 1: +{100 * min(cost):.1f}% to +{100 * max(cost):.1f}%"
 
 
+def conversations_recorded(name: str) -> int:
+    """Lines of a run store that record a conversation (not a run's pool report, keyed model|setting|ratio|pool)."""
+    with open(RESULTS / name) as f:
+        return sum(json.loads(line)["key"].split("|")[3] != "pool" for line in f if line.strip())
+
+
 def line_count(name: str) -> int:
     with open(RESULTS / name, "rb") as f:
         return sum(1 for _ in f)
@@ -807,7 +819,7 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                       "replies as intermediate turns, several questions per conversation scored by the exact fact",
                       lambda: long_headline(), None),
     "fidelity_long_runs": ("Every answer of the long tier, keyed like fidelity_runs (runs resume from it)",
-                           lambda: f"{line_count('fidelity/fidelity_long_runs.jsonl'):,} recorded conversations",
+                           lambda: f"{conversations_recorded('fidelity/fidelity_long_runs.jsonl'):,} recorded conversations",
                            "written by `.venv/bin/python -m benchmarks.fidelity.run --tier long`"),
     "fidelity_long_replies": ("The long tier's pass 1: the full-KV model's greedy replies that fix each script's "
                               "intermediate turns, keyed by model, script digest, SGLang version and reply cap",

@@ -106,13 +106,17 @@ def score_row(conv: LongConversation, row: dict, tok) -> list[tuple[bool, bool]]
 def summarize(store, model, convs, versions, ratios, settings, tok, profile) -> list[dict]:
     from benchmarks.fidelity.report import _held
 
-    out = []
+    out, full = [], {}
     for setting in settings:
         for ratio in ([1.0] if setting == "full" else ratios):
             rows = {c.id: store.rows[k] for c in convs
                     if (k := RunStore.key(model, setting, ratio, c, versions[setting])) in store.rows}
             if not rows:
                 continue
+            full = rows if setting == "full" else full
+            # scored answers token for token equal to full KV's, over the conversations both answered
+            same = [a == b for cid in rows.keys() & full.keys()
+                    for a, b in zip(rows[cid]["answers"], full[cid]["answers"])]
             scored = {c.id: score_row(c, rows[c.id], tok) for c in convs if c.id in rows}
             per_kind = {}
             for kind in KINDS:
@@ -126,6 +130,7 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile) -> 
                             accuracy=k / n if n else None, ci95=wilson(k, n), held_share=held,
                             conversations_correct=sum(v["conversations"][0] for v in per_kind.values()),
                             degenerate=sum(d for qs in scored.values() for _, d in qs), per_kind=per_kind,
+                            same_as_full=[sum(same), len(same)],
                             version=versions[setting],
                             outcomes={cid: [[r, d] for r, d in qs] for cid, qs in scored.items()}))
     return out
@@ -133,14 +138,15 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile) -> 
 
 def markdown(summary: list[dict]) -> list[str]:
     lines = ["| model | setting | ratio | KV held | questions [95% CI] | conversations all right | "
-             + " | ".join(KINDS) + " | degenerate answers |", "|---" * (7 + len(KINDS)) + "|"]
+             + " | ".join(KINDS) + " | degenerate answers | answers as full KV's |", "|---" * (8 + len(KINDS)) + "|"]
     for s in summary:
         acc = "-" if s["accuracy"] is None else \
             f"{100 * s['accuracy']:.0f}% [{100 * s['ci95'][0]:.0f}, {100 * s['ci95'][1]:.0f}] ({s['correct']}/{s['questions']})"
         held = "-" if s.get("held_share") is None else f"{100 * s['held_share']:.0f}%"
         kinds = " | ".join("{}/{}".format(*s["per_kind"][k]["questions"]) for k in KINDS)
         lines.append(f"| {s['model']} | {s['setting']} | {s['ratio']:g} | {held} | {acc} "
-                     f"| {s['conversations_correct']}/{s['n']} | {kinds} | {s['degenerate']}/{s['questions']} |")
+                     f"| {s['conversations_correct']}/{s['n']} | {kinds} | {s['degenerate']}/{s['questions']} "
+                     "| {}/{} |".format(*s["same_as_full"]))
     return lines + ["", "Per kind: questions right by the exact fact (benchmarks/fidelity/long_tier.py). KV held "
                     "counts each intermediate turn's answer as one generated token (held.py), as the tree keeps "
                     "the history's chain and drops the answers' branches first under pressure."]
