@@ -82,12 +82,15 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
 
 # ---------------------------------------------------------------- fidelity
 
-def answered(row: dict, interval: bool = True) -> str:
-    k, n = row["correct"], row["judged"]
-    if not interval:
-        return f"{k}/{n}"
+def with_interval(k: int, n: int) -> str:
+    """k/n, its share and 95% Wilson interval: '41/64 (64% [52, 75])'."""
     lo, hi = wilson(k, n)
     return f"{k}/{n} ({100 * k / n:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}])"
+
+
+def answered(row: dict, interval: bool = True) -> str:
+    k, n = row["correct"], row["judged"]
+    return with_interval(k, n) if interval else f"{k}/{n}"
 
 
 def setting_label(setting: str) -> str:
@@ -600,8 +603,7 @@ def key_results() -> list[str]:
                      link(spec["throughput"])])
     rows.append(gemma_throughput_row())
     rows.append(bench_serving_row())
-    if (RESULTS / LONG).exists():
-        rows.append(long_row())
+    rows.append(long_row())
     p = {r["setting"]: r for r in load("serving/pressure.json")["rows"]}
     st = p.pop("stock SGLang")
     tg = "; ".join(f"{pressure_label(k)}: {r['completed']} completed, {r['capped']} capped, {r['refused']} refused, "
@@ -670,7 +672,7 @@ DOC_BLOCKS = {
                                                if (RESULTS / "serving" / f"{n}.json").exists()]),
     "paper-models": paper_models_table,
     "bench-serving": bench_serving_table,
-    "fidelity-long": lambda: long_table() if (RESULTS / LONG).exists() else ["Not measured yet."],
+    "fidelity-long": long_table,
 }
 
 
@@ -690,9 +692,7 @@ LONG = "fidelity/fidelity_long.json"
 
 def questions_right(row: dict) -> str:
     """k/n questions right by the exact fact, with the 95% interval."""
-    k, n = row["correct"], row["questions"]
-    lo, hi = wilson(k, n)
-    return f"{k}/{n} ({100 * k / n:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}])"
+    return with_interval(row["correct"], row["questions"])
 
 
 def long_table() -> list[str]:
@@ -708,8 +708,8 @@ def long_table() -> list[str]:
 
 
 def same_as_full(row: dict) -> str:
-    """Scored answers token for token equal to full KV's (older files lack the count)."""
-    return "{}/{}".format(*row["same_as_full"]) if "same_as_full" in row else "-"
+    """Scored answers token for token equal to full KV's ("-" for full KV itself)."""
+    return "-" if row.get("same_as_full") is None else "{}/{}".format(*row["same_as_full"])
 
 
 def long_row() -> list[str]:

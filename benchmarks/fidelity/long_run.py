@@ -115,8 +115,8 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile) -> 
                 continue
             full = rows if setting == "full" else full
             # scored answers token for token equal to full KV's, over the conversations both answered
-            same = [a == b for cid in rows.keys() & full.keys()
-                    for a, b in zip(rows[cid]["answers"], full[cid]["answers"])]
+            same = None if setting == "full" else [a == b for cid in rows.keys() & full.keys()
+                                                   for a, b in zip(rows[cid]["answers"], full[cid]["answers"])]
             scored = {c.id: score_row(c, rows[c.id], tok) for c in convs if c.id in rows}
             per_kind = {}
             for kind in KINDS:
@@ -130,7 +130,7 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile) -> 
                             accuracy=k / n if n else None, ci95=wilson(k, n), held_share=held,
                             conversations_correct=sum(v["conversations"][0] for v in per_kind.values()),
                             degenerate=sum(d for qs in scored.values() for _, d in qs), per_kind=per_kind,
-                            same_as_full=[sum(same), len(same)],
+                            same_as_full=None if same is None else [sum(same), len(same)],
                             version=versions[setting],
                             outcomes={cid: [[r, d] for r, d in qs] for cid, qs in scored.items()}))
     return out
@@ -146,7 +146,7 @@ def markdown(summary: list[dict]) -> list[str]:
         kinds = " | ".join("{}/{}".format(*s["per_kind"][k]["questions"]) for k in KINDS)
         lines.append(f"| {s['model']} | {s['setting']} | {s['ratio']:g} | {held} | {acc} "
                      f"| {s['conversations_correct']}/{s['n']} | {kinds} | {s['degenerate']}/{s['questions']} "
-                     "| {}/{} |".format(*s["same_as_full"]))
+                     f"| {'-' if s['same_as_full'] is None else '{}/{}'.format(*s['same_as_full'])} |")
     return lines + ["", "Per kind: questions right by the exact fact (benchmarks/fidelity/long_tier.py). KV held "
                     "counts each intermediate turn's answer as one generated token (held.py), as the tree keeps "
                     "the history's chain and drops the answers' branches first under pressure."]
