@@ -672,7 +672,7 @@ DOC_BLOCKS = {
                                                if (RESULTS / "serving" / f"{n}.json").exists()]),
     "paper-models": paper_models_table,
     "bench-serving": bench_serving_table,
-    "fidelity-long": long_table,
+    "fidelity-long": lambda: long_table(),  # defined below
 }
 
 
