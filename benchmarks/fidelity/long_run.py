@@ -5,8 +5,11 @@ turn (benchmarks/fidelity/long_tier.py: pass_one); the replies are cached in fid
 beside the runs under model | script digest | SGLang version | reply cap, so they are generated once.
 Pass 2: every served setting (full KV, Tangram) runs the conversations those replies fix: scored turns
 answered greedily (--max-new-tokens), the others with one token so the server reuses the prefix; the
-answers go to the run store (default fidelity_long_runs.jsonl) like the default tier's. The dense-oracle
-and kvpress settings answer only a conversation's last turn and are not run on this tier.
+answers go to the run store (default fidelity_long_runs.jsonl) like the default tier's. kvpress (its own
+venv) answers one question over one compressed history: each scored turn is its own item, the history
+before that turn's user message compressed at once, the question read uncompressed (the same token ids:
+benchmarks/fidelity/long_tier.py question_starts). The dense oracle answers only a conversation's last
+turn and is not run on this tier.
 """
 
 from __future__ import annotations
@@ -21,14 +24,15 @@ from benchmarks.common.models import ensure_model
 from benchmarks.common.paths import ROOT
 from benchmarks.common.results import write_json, write_markdown
 from benchmarks.fidelity.long_tier import HISTORY_TOKENS, KINDS, LongConversation, build, exact_fact, \
-    make_scripts, pass_one
-from benchmarks.fidelity.runners import log, run_server
+    make_scripts, pass_one, question_starts
+from benchmarks.fidelity.runners import kvpress_answers, log, run_server
 from benchmarks.fidelity.score import is_degenerate, wilson
-from benchmarks.fidelity.settings import PROFILES, RUNS, base_setting
-from benchmarks.fidelity.store import RunStore
+from benchmarks.fidelity.settings import KVPRESS, PROFILES, RUNS, base_setting
+from benchmarks.fidelity.store import RunStore, digest
 from benchmarks.fidelity.versions import code_version
 
 SERVED = ("full", "tangram")
+RUN_HERE = (*SERVED, *KVPRESS)   # the settings this tier runs
 
 
 class ReplyCache:
@@ -93,6 +97,40 @@ def long_session(url: str, conv: LongConversation, max_new: int) -> dict:
     return {"answers": answers, "answer_ids": answers[-1], "cached_tokens": cached}
 
 
+def kvpress_items(conv: LongConversation, max_new: int, eos: int) -> dict[str, dict]:
+    """The kvpress runner's items of a conversation (needs asked_at): one per scored turn, named by the
+    conversation, the question's index and its ids' digest."""
+    items = {}
+    for i, (t, start) in enumerate(zip(conv.scored, conv.asked_at)):
+        ids = conv.turns[t]
+        items[f"{conv.id}#{i}#{digest(json.dumps(ids))}"] = dict(
+            history_ids=ids[:start], question_ids=ids[start:], max_new_tokens=max_new, stop_ids=[eos],
+            fact_spans=[s for s in conv.fact_spans if s[1] <= start])
+    return items
+
+
+def run_kvpress_long(setting, ratio, convs, args, store, model, model_path, version) -> None:
+    """kvpress on the long tier: a runner call per conversation (its row is stored as soon as it is
+    answered, so a stopped run keeps what it finished), the answers in order and, per question, the share
+    of its KV attention still sees: (kept x history + question + answer) / all of them (kvpress's KVzip
+    masks evicted entries and frees nothing; this is the share a pool of the same policy would hold)."""
+    from transformers import AutoTokenizer
+
+    eos = int(AutoTokenizer.from_pretrained(model_path).eos_token_id)
+    for n, conv in enumerate(convs, 1):
+        items = kvpress_items(conv, args.max_new_tokens, eos)
+        out = kvpress_answers(setting, ratio, items, model, model_path, version)
+        rows = [out[k] for k in items]
+        held = [(r["kept"] * len(it["history_ids"]) + len(it["question_ids"]) + len(r["answer_ids"]))
+                / (len(it["history_ids"]) + len(it["question_ids"]) + len(r["answer_ids"]))
+                for r, it in zip(rows, items.values())]
+        store.add(dict(key=RunStore.key(model, setting, ratio, conv, version), model=model, setting=setting,
+                       ratio=ratio, conv=conv.id, seconds=round(sum(r["seconds"] for r in rows), 2),
+                       answers=[r["answer_ids"] for r in rows], answer_ids=rows[-1]["answer_ids"], held=held,
+                       fact_kept=[r.get("fact_kept_share") for r in rows]))
+        log(f"  {setting} {ratio:g}: {n}/{len(convs)} ({conv.id}, {sum(r['seconds'] for r in rows):.0f} s)")
+
+
 # -- report -------------------------------------------------------------------------------------------
 def score_row(conv: LongConversation, row: dict, tok) -> list[tuple[bool, bool]]:
     """(right by the exact fact, degenerate) of each scored question of a recorded conversation."""
@@ -126,6 +164,8 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile) -> 
             k, n = (sum(v["questions"][i] for v in per_kind.values()) for i in (0, 1))
             held = _held(profile, setting, ratio, [c for c in convs if c.id in rows],
                          {cid: len(r["answer_ids"]) for cid, r in rows.items()})
+            if "held" in next(iter(rows.values())):   # kvpress: its per-question shares
+                held = sum(h for r in rows.values() for h in r["held"]) / sum(len(r["held"]) for r in rows.values())
             out.append(dict(model=model, setting=setting, ratio=ratio, n=len(rows), correct=k, questions=n,
                             accuracy=k / n if n else None, ci95=wilson(k, n), held_share=held,
                             conversations_correct=sum(v["conversations"][0] for v in per_kind.values()),
@@ -152,8 +192,9 @@ def markdown(summary: list[dict]) -> list[str]:
                     "the history's chain and drops the answers' branches first under pressure."]
 
 
-def conversations(model: str, tok, args) -> list[LongConversation]:
-    """The model's long conversations, pass 1 run (or read from the cache) first."""
+def conversations(model: str, tok, args, split: bool = False) -> list[LongConversation]:
+    """The model's long conversations, pass 1 run (or read from the cache) first; split: each with
+    asked_at (where its scored turns' user messages begin), for kvpress."""
     from tangram_sglang.calibration.datasets import essays_dir
     from tangram_sglang.calibration.needle import EssayCorpus
 
@@ -163,7 +204,11 @@ def conversations(model: str, tok, args) -> list[LongConversation]:
     cache = ReplyCache(os.path.join(os.path.dirname(os.path.abspath(args.runs)), "fidelity_long_replies.json"))
     run_pass_one(scripts, tok, model, ensure_model(model), args, cache)
     keys = [ReplyCache.key(model, s, args.reply_tokens) for s in scripts]
-    return [build(s, tok, cache.data[k]) for s, k in zip(scripts, keys) if k in cache.data]
+    out = []
+    for s, k in ((s, k) for s, k in zip(scripts, keys) if k in cache.data):
+        out.append(build(s, tok, cache.data[k]))
+        out[-1].asked_at = question_starts(s, tok, cache.data[k]) if split else []
+    return out
 
 
 def check_context(model_path: str, scripts, tok, args) -> None:
@@ -187,33 +232,36 @@ def main_long(args, run_stamp: dict) -> None:
 
     if args.runs == RUNS:
         args.runs = os.path.join(os.path.dirname(RUNS), "fidelity_long_runs.jsonl")
-    skipped = [s for s in args.settings if base_setting(s) not in SERVED]
+    skipped = [s for s in args.settings if base_setting(s) not in RUN_HERE]
     if skipped:
-        log(f"long tier: served settings only (full, tangram); skipped {', '.join(skipped)}")
-    settings = [s for s in args.settings if base_setting(s) in SERVED]
+        log(f"long tier: full, tangram and kvpress only; skipped {', '.join(skipped)}")
+    settings = [s for s in args.settings if base_setting(s) in RUN_HERE]
     store, summary = RunStore(args.runs), []
     for model in args.models:
         model_path, tok = ensure_model(model), AutoTokenizer.from_pretrained(ensure_model(model))
-        convs = conversations(model, tok, args)
+        convs = conversations(model, tok, args, split=any(s in KVPRESS for s in settings))
         log(f"{model}: {len(convs)} long conversations, {min((len(c.prompt) for c in convs), default=0)}-"
             f"{max((len(c.prompt) for c in convs), default=0)} tokens")
         profile = args.profile or os.path.join(ROOT, PROFILES[model])
         versions = {s: code_version(s, profile) for s in {"full", *settings}}
         held = load_profile(profile).ratios if os.path.exists(profile) else ()
         for setting in settings:
-            if setting != "full" and not os.path.exists(profile):
+            if base_setting(setting) == "tangram" and not os.path.exists(profile):
                 log(f"{model}: no profile {profile}: {setting} skipped")
                 continue
             for ratio in ([1.0] if setting == "full" else args.ratios):
-                if setting != "full" and not any(abs(r - ratio) < 1e-9 for r in held):
+                if base_setting(setting) == "tangram" and not any(abs(r - ratio) < 1e-9 for r in held):
                     log(f"{model} {setting} {ratio:g}: skipped, the profile holds only {list(held)}")
                     continue
                 todo = [c for c in convs if RunStore.key(model, setting, ratio, c, versions[setting]) not in store.rows]
                 todo = todo[: args.limit] if args.limit else todo
                 if todo and not args.report_only:
                     log(f"{model} {setting} {ratio:g}: {len(todo)} long conversations to run")
-                    run_server(setting, ratio, todo, args, store, model, model_path, versions[setting],
-                               session=long_session)
+                    if setting in KVPRESS:
+                        run_kvpress_long(setting, ratio, todo, args, store, model, model_path, versions[setting])
+                    else:
+                        run_server(setting, ratio, todo, args, store, model, model_path, versions[setting],
+                                   session=long_session)
         summary += summarize(store, model, convs, versions, args.ratios, ["full", *[s for s in settings if s != "full"]],
                              tok, profile)
     stem = os.path.join(args.out_dir, args.name or ("fidelity_long_quick" if args.quick else "fidelity_long"))

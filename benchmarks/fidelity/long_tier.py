@@ -85,10 +85,12 @@ class Script:
 class LongConversation(Conversation):
     """A Conversation whose scored turns are several: scored[i] is a turn index, expect[i] its number,
     sources[i] the turns that hold the facts it needs. history_len: tokens before the final user turn
-    (a partial build, pass 1's, has no final turn yet: its whole last prompt)."""
+    (a partial build, pass 1's, has no final turn yet: its whole last prompt). asked_at[i]: where scored
+    turn i's user message begins (question_starts only)."""
 
     scored: list[int] = field(default_factory=list)
     sources: list[list[int]] = field(default_factory=list)
+    asked_at: list[int] = field(default_factory=list)
 
 
 # -- scoring ------------------------------------------------------------------------------------------
@@ -239,18 +241,20 @@ def reply_text(reply: str | list[int], tok) -> str:
     return reply if isinstance(reply, str) else tok.decode(reply, skip_special_tokens=True)
 
 
-def build(script: Script, tok, replies: list) -> LongConversation:
+def build(script: Script, tok, replies: list, split_asks: bool = False) -> LongConversation:
     """Prompt ids of the script's first len(replies) + 1 turns (all of them once replies holds one per
     non-final turn), each request extending the previous one: user turn t, then reply t as the assistant's
     message (a question turn's reply follows its answer prefix). Deterministic in (script, tokenizer,
-    replies), so a partial build is a prefix of the complete one."""
+    replies), so a partial build is a prefix of the complete one. split_asks: the history is also closed
+    (tokenized up to the end of the last reply) before every scored turn, recorded in asked_at."""
     if len(replies) >= len(script.turns):
         raise ValueError(f"{script.id}: {len(replies)} replies for {len(script.turns)} turns (the last has none)")
     chat, messages, turns, history_len = ChatBuilder(tok), [], [], 0
-    scored, expect, sources, fact_turn = [], [], [], {}
+    scored, expect, sources, fact_turn, asked_at = [], [], [], {}, []
     for t, turn in enumerate(script.turns[:len(replies) + 1]):
-        if t == len(script.turns) - 1:
-            history_len = chat.history(messages)
+        if t == len(script.turns) - 1 or (split_asks and turn.ask):
+            asked_at.append(chat.history(messages))
+            history_len = asked_at[-1]
         messages.append({"role": "user", "content": turn.text})
         ids = chat.request(messages, turn.marks)
         fact_turn.update({m: t for m in turn.marks})
@@ -264,8 +268,19 @@ def build(script: Script, tok, replies: list) -> LongConversation:
             text = reply_text(replies[t], tok)
             messages.append({"role": "assistant", "content": (turn.ask.prefix + text.rstrip()) if turn.ask
                              else text.strip()})
+    history_len = history_len if len(turns) == len(script.turns) else 0
     return LongConversation(script.id, script.kind, turns, expect, history_len or len(turns[-1]), chat.spans,
-                            scored=scored, sources=sources)
+                            scored=scored, sources=sources, asked_at=asked_at if split_asks else [])
+
+
+def question_starts(script: Script, tok, replies: list) -> list[int]:
+    """Where each scored turn's user message begins in build(script, tok, replies): a one-question peer
+    (kvpress) compresses turns[t][:start] and reads the rest uncompressed. Raises when closing the history
+    there re-tokenizes the conversation (its ids must be the ones every other setting answered)."""
+    plain, split = build(script, tok, replies), build(script, tok, replies, split_asks=True)
+    if split.turns != plain.turns or len(split.asked_at) != len(plain.scored):
+        raise ValueError(f"{script.id}: the history does not end on a token boundary before every question")
+    return split.asked_at
 
 
 def _content_lead(tok, messages: list[dict]) -> str:

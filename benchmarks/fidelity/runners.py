@@ -131,34 +131,42 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
 
 
 # -- kvpress ----------------------------------------------------------------------------------------
-def run_kvpress(setting, ratio, convs, args, store, model, model_path, version) -> None:
-    from transformers import AutoTokenizer
-
+def kvpress_answers(setting: str, ratio: float, items: dict[str, dict], model: str, model_path: str,
+                    version: str) -> dict[str, dict]:
+    """The kvpress runner (its own venv) over items (id -> its input record: history_ids, question_ids,
+    max_new_tokens, stop_ids, fact_spans); returns its output rows by id. The runner resumes by id, so an
+    id must name its content (its ids' digest)."""
     from benchmarks.fidelity.kvpress_env import ensure_kvpress_env
 
     python = ensure_kvpress_env()
-    tok = AutoTokenizer.from_pretrained(model_path)
     work = f"/tmp/fidelity-kvpress-{model}"
     os.makedirs(work, exist_ok=True)
     inp, out = os.path.join(work, "in.jsonl"), os.path.join(work, f"{setting}-{ratio:g}-{version}.jsonl")
-    # the runner resumes by id: name each conversation by its content, not its (reused) task id
-    by_id = {f"{c.id}#{digest(json.dumps(c.prompt))}": c for c in convs}
     with open(inp, "w") as f:
-        for cid, c in by_id.items():
-            f.write(json.dumps({"id": cid, "history_ids": c.prompt[:c.history_len],
-                                "question_ids": c.prompt[c.history_len:], "max_new_tokens": args.max_new_tokens,
-                                "stop_ids": [int(tok.eos_token_id)], "fact_spans": c.fact_spans}) + "\n")
+        for item_id, item in items.items():
+            f.write(json.dumps({"id": item_id, **item}) + "\n")
     press = setting[len("kvpress-"):]
     subprocess.run([python, KVPRESS_RUNNER, "--model-path", model_path,
                     "--conversations", inp, "--setting", f"{press}:{ratio:g}", "--out", out, "--threads", "1"],
                    check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     with open(out) as f:
-        for row in map(json.loads, f):
-            conv = by_id.get(row["id"])
-            if conv is not None:
-                store.add(dict(key=RunStore.key(model, setting, ratio, conv, version), model=model,
-                               setting=setting, ratio=ratio, conv=conv.id, seconds=row["seconds"],
-                               answer_ids=row["answer_ids"], kept=row["kept"], fact_kept=row.get("fact_kept_share")))
+        return {row["id"]: row for row in map(json.loads, f) if row["id"] in items}
+
+
+def run_kvpress(setting, ratio, convs, args, store, model, model_path, version) -> None:
+    """One item per conversation: the history before the final user turn compressed, that turn answered."""
+    from transformers import AutoTokenizer
+
+    eos = int(AutoTokenizer.from_pretrained(model_path).eos_token_id)
+    by_id = {f"{c.id}#{digest(json.dumps(c.prompt))}": c for c in convs}
+    items = {cid: {"history_ids": c.prompt[:c.history_len], "question_ids": c.prompt[c.history_len:],
+                   "max_new_tokens": args.max_new_tokens, "stop_ids": [eos], "fact_spans": c.fact_spans}
+             for cid, c in by_id.items()}
+    for cid, row in kvpress_answers(setting, ratio, items, model, model_path, version).items():
+        conv = by_id[cid]
+        store.add(dict(key=RunStore.key(model, setting, ratio, conv, version), model=model,
+                       setting=setting, ratio=ratio, conv=conv.id, seconds=row["seconds"],
+                       answer_ids=row["answer_ids"], kept=row["kept"], fact_kept=row.get("fact_kept_share")))
 
 
 RUNNERS = {"full": run_server, "tangram": run_server, **{k: run_oracle for k in ORACLE},

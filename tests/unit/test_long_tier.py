@@ -12,6 +12,7 @@ from benchmarks.fidelity.long_tier import (
     first_number,
     make_script,
     pass_one,
+    question_starts,
 )
 
 HISTORY = 7000
@@ -162,6 +163,52 @@ def test_replies_may_be_token_ids(tok, finished):
     script, replies, conv, _ = finished["multihop"]
     ids = [tok(r, add_special_tokens=False)["input_ids"] for r in replies]
     assert build(script, tok, ids).turns == conv.turns
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_question_starts_split_each_scored_turn_at_its_user_message(tok, finished, kind):
+    """kvpress's history for a scored turn ends with the reply before it; its question is that user turn."""
+    script, replies, conv, _ = finished[kind]
+    starts = question_starts(script, tok, replies)
+    assert len(starts) == len(conv.scored) and starts[-1] == conv.history_len
+    for t, start in zip(conv.scored, starts):
+        history, question = tok.decode(conv.turns[t][:start]), tok.decode(conv.turns[t][start:])
+        assert len(conv.turns[t - 1]) < start < len(conv.turns[t])
+        assert history.endswith("<|im_end|>\n") and f"Reply number {t} " in history
+        assert question.startswith("<|im_start|>user\n" + script.turns[t].text)
+        assert question.endswith(script.turns[t].ask.prefix)
+
+
+def test_kvpress_answers_each_question_over_its_own_history(tok, finished, tmp_path, monkeypatch):
+    """long_run.run_kvpress_long: one runner item per scored turn, a row per conversation with the answers
+    in order and each question's visible KV share; the report reads that share as KV held."""
+    from types import SimpleNamespace
+
+    from benchmarks.common.models import ensure_model
+    from benchmarks.fidelity import long_run
+    from benchmarks.fidelity.store import RunStore
+
+    script, replies, conv, _ = finished["newest"]
+    conv.asked_at = question_starts(script, tok, replies)
+    seen = {}
+
+    def fake_answers(setting, ratio, items, model, model_path, version):
+        seen.update(items)
+        return {k: {"id": k, "kept": ratio, "seconds": 1.0, "fact_kept_share": None,
+                    "answer_ids": tok(f" {conv.expect[i]}", add_special_tokens=False)["input_ids"]}
+                for i, k in enumerate(items)}
+
+    monkeypatch.setattr(long_run, "kvpress_answers", fake_answers)
+    store = RunStore(str(tmp_path / "runs.jsonl"))
+    args = SimpleNamespace(max_new_tokens=16)
+    long_run.run_kvpress_long("kvpress-kvzip", 0.5, [conv], args, store, "m", ensure_model("smollm2"), "v")
+    assert [it["history_ids"] + it["question_ids"] for it in seen.values()] == [conv.turns[t] for t in conv.scored]
+    assert all(b <= len(it["history_ids"]) for it in seen.values() for _, b in it["fact_spans"])
+    (row,) = store.rows.values()
+    assert len(row["answers"]) == len(conv.scored) and all(0.5 < h < 0.52 for h in row["held"])
+    (s,) = long_run.summarize(store, "m", [conv], {"kvpress-kvzip": "v"}, [0.5], ["kvpress-kvzip"], tok,
+                              str(tmp_path / "none"))
+    assert (s["correct"], s["questions"]) == (2, 2) and s["held_share"] == pytest.approx(sum(row["held"]) / 2)
 
 
 @pytest.mark.parametrize("text, right", [
