@@ -713,10 +713,11 @@ def same_as_full(row: dict) -> str:
 
 
 def long_row() -> list[str]:
-    """README row: Tangram against full KV on the long tier."""
+    """README row: Tangram against full KV and kvpress (the peers' column) on the long tier."""
     rows = rows_of(LONG)
     full = next(r for r in rows if r["setting"] == "full")
-    served = [r for r in rows if r["setting"] != "full"]
+    served = [r for r in rows if r["setting"].startswith("tangram")]
+    peers = [r for r in rows if r["setting"].startswith("kvpress")]
     command = (load(LONG).get("stamp") or {}).get("command", "")
     profile = next((a for a in command.split() if a.startswith("configs/")), "")
     scorer = f", {scorer_name(pathlib.Path(profile).stem)}" if profile else ""
@@ -725,7 +726,10 @@ def long_row() -> list[str]:
              f"scored by the exact fact",
              "; ".join(f"**{questions_right(r)}** at {r['ratio']:g}, {pct(r.get('held_share'))} of full KV held; "
                        f"{same_as_full(r)} answers token for token full KV's" for r in served),
-             f"full KV {questions_right(full)}", link(LONG)])
+             "; ".join([f"full KV {questions_right(full)}"]
+                       + [f"{setting_label(r['setting'])} {questions_right(r)} at {pct(r.get('held_share'))} held"
+                          + ("" if r["n"] == full["n"] else f" ({r['n']} conversations)") for r in peers]),
+             link(LONG)])
 
 
 def long_headline(name: str = LONG) -> str:

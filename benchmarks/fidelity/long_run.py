@@ -141,12 +141,20 @@ def score_row(conv: LongConversation, row: dict, tok) -> list[tuple[bool, bool]]
     return out
 
 
-def summarize(store, model, convs, versions, ratios, settings, tok, profile) -> list[dict]:
+def ratios_of(setting: str, args) -> list[float]:
+    """The ratios a setting runs at: 1.0 for full KV, --peer-ratios (if given) for kvpress, else --ratios."""
+    if setting == "full":
+        return [1.0]
+    return args.peer_ratios if setting in KVPRESS and args.peer_ratios else args.ratios
+
+
+def summarize(store, model, convs, versions, args, settings, tok, profile) -> list[dict]:
+    """A report row per (setting, ratio) with recorded answers (args: its ratios and peer_ratios)."""
     from benchmarks.fidelity.report import _held
 
     out, full = [], {}
     for setting in settings:
-        for ratio in ([1.0] if setting == "full" else ratios):
+        for ratio in ratios_of(setting, args):
             rows = {c.id: store.rows[k] for c in convs
                     if (k := RunStore.key(model, setting, ratio, c, versions[setting])) in store.rows}
             if not rows:
@@ -249,7 +257,7 @@ def main_long(args, run_stamp: dict) -> None:
             if base_setting(setting) == "tangram" and not os.path.exists(profile):
                 log(f"{model}: no profile {profile}: {setting} skipped")
                 continue
-            for ratio in ([1.0] if setting == "full" else args.ratios):
+            for ratio in ratios_of(setting, args):
                 if base_setting(setting) == "tangram" and not any(abs(r - ratio) < 1e-9 for r in held):
                     log(f"{model} {setting} {ratio:g}: skipped, the profile holds only {list(held)}")
                     continue
@@ -262,7 +270,7 @@ def main_long(args, run_stamp: dict) -> None:
                     else:
                         run_server(setting, ratio, todo, args, store, model, model_path, versions[setting],
                                    session=long_session)
-        summary += summarize(store, model, convs, versions, args.ratios, ["full", *[s for s in settings if s != "full"]],
+        summary += summarize(store, model, convs, versions, args, ["full", *[s for s in settings if s != "full"]],
                              tok, profile)
     stem = os.path.join(args.out_dir, args.name or ("fidelity_long_quick" if args.quick else "fidelity_long"))
     write_json(stem + ".json", {"rows": summary}, run_stamp, row_per_line="rows")

@@ -61,6 +61,8 @@ def parse(argv=None):
     ap.add_argument("--settings", nargs="+", default=["full", "tangram", *ORACLE, *KVPRESS],
                     choices=sorted(RUNNERS))
     ap.add_argument("--ratios", nargs="+", type=float, default=[0.7, 0.5, 0.25])
+    ap.add_argument("--peer-ratios", nargs="+", type=float, default=None,
+                    help="long tier: kvpress's kept shares (default --ratios), e.g. Tangram's measured KV held")
     ap.add_argument("--retrieval-per-kind", type=int, default=22, help="per passkey/needle/variable_tracking")
     ap.add_argument("--replays-per-kind", type=int, default=8, help="per ShareGPT / MT-Bench")
     ap.add_argument("--doc-tokens", type=int, default=600, help="tokens of each document (3 per conversation)")

@@ -200,13 +200,14 @@ def test_kvpress_answers_each_question_over_its_own_history(tok, finished, tmp_p
 
     monkeypatch.setattr(long_run, "kvpress_answers", fake_answers)
     store = RunStore(str(tmp_path / "runs.jsonl"))
-    args = SimpleNamespace(max_new_tokens=16)
+    args = SimpleNamespace(max_new_tokens=16, ratios=[0.4], peer_ratios=[0.5])
+    assert long_run.ratios_of("kvpress-kvzip", args) == [0.5] and long_run.ratios_of("tangram", args) == [0.4]
     long_run.run_kvpress_long("kvpress-kvzip", 0.5, [conv], args, store, "m", ensure_model("smollm2"), "v")
     assert [it["history_ids"] + it["question_ids"] for it in seen.values()] == [conv.turns[t] for t in conv.scored]
     assert all(b <= len(it["history_ids"]) for it in seen.values() for _, b in it["fact_spans"])
     (row,) = store.rows.values()
     assert len(row["answers"]) == len(conv.scored) and all(0.5 < h < 0.52 for h in row["held"])
-    (s,) = long_run.summarize(store, "m", [conv], {"kvpress-kvzip": "v"}, [0.5], ["kvpress-kvzip"], tok,
+    (s,) = long_run.summarize(store, "m", [conv], {"kvpress-kvzip": "v"}, args, ["kvpress-kvzip"], tok,
                               str(tmp_path / "none"))
     assert (s["correct"], s["questions"]) == (2, 2) and s["held_share"] == pytest.approx(sum(row["held"]) / 2)
 
@@ -226,6 +227,8 @@ def test_first_number():
 
 def test_session_answers_scored_turns_and_the_report_scores_them(tok, finished, tmp_path, monkeypatch):
     """long_run: one server session (a fake /generate) and the per-kind summary of what it recorded."""
+    from types import SimpleNamespace
+
     from benchmarks.fidelity import long_run
     from benchmarks.fidelity.store import RunStore
 
@@ -244,7 +247,8 @@ def test_session_answers_scored_turns_and_the_report_scores_them(tok, finished, 
     assert len(row["answers"]) == len(conv.scored) and row["answer_ids"] == row["answers"][-1]
     store = RunStore(str(tmp_path / "runs.jsonl"))
     store.add(dict(key=RunStore.key("m", "full", 1.0, conv, "v"), **row))
-    summary = long_run.summarize(store, "m", [conv], {"full": "v"}, [0.5], ["full"], tok, str(tmp_path / "none"))
+    summary = long_run.summarize(store, "m", [conv], {"full": "v"}, SimpleNamespace(ratios=[0.5], peer_ratios=None),
+                                 ["full"], tok, str(tmp_path / "none"))
     (s,) = summary
     assert (s["correct"], s["questions"], s["conversations_correct"]) == (1, 2, 0)
     assert s["per_kind"]["two_facts"] == {"questions": [1, 2], "conversations": [0, 1]}
