@@ -196,8 +196,10 @@ def markdown(summary: list[dict]) -> list[str]:
                      f"| {s['conversations_correct']}/{s['n']} | {kinds} | {s['degenerate']}/{s['questions']} "
                      f"| {'-' if s['same_as_full'] is None else '{}/{}'.format(*s['same_as_full'])} |")
     return lines + ["", "Per kind: questions right by the exact fact (benchmarks/fidelity/long_tier.py). KV held "
-                    "counts each intermediate turn's answer as one generated token (held.py), as the tree keeps "
-                    "the history's chain and drops the answers' branches first under pressure."]
+                    "of a served row counts each intermediate turn's answer as one generated token (held.py), as the "
+                    "tree keeps the history's chain and drops the answers' branches first under pressure; of a kvpress "
+                    "row, each question's kept history plus its question and answer over all of them (KVzip masks "
+                    "what it evicts: the share a pool of the same policy would hold)."]
 
 
 def conversations(model: str, tok, args, split: bool = False) -> list[LongConversation]:
