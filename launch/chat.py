@@ -99,7 +99,8 @@ def main() -> None:
     else:
         profile, ratio, why = default_profile(model_path, cache)
         ratio = args.ratio if args.ratio is not None else ratio
-    extra = ["--enable-cache-report"] + (["--tangram-ratio", str(ratio)] if ratio is not None else [])
+    # --sleep-on-idle: SGLang's idle scheduler otherwise polls in a busy loop, a whole core, while you type
+    extra = ["--enable-cache-report", "--sleep-on-idle"] + (["--tangram-ratio", str(ratio)] if ratio is not None else [])
     print(f"[chat] serving {model_path} with --tangram-profile {profile}"
           f"{f' --tangram-ratio {ratio}' if ratio is not None else ''} on port {args.port}\n[chat] why: {why}",
           flush=True)

@@ -42,7 +42,8 @@ def main() -> None:
     profile, ratio, why = ((args.profile, args.ratio, "your profile") if args.profile
                            else default_profile(model_path, cache))
     ratio = args.ratio if args.ratio is not None else ratio
-    extra = ["--enable-cache-report", "--max-total-tokens", str(args.max_total_tokens)]
+    # --sleep-on-idle: an idle SGLang scheduler otherwise polls in a busy loop, a whole core per replica
+    extra = ["--enable-cache-report", "--sleep-on-idle", "--max-total-tokens", str(args.max_total_tokens)]
     extra += ["--tangram-ratio", str(ratio)] if ratio is not None else []
     replicas = [ServerProcess(model_path, port=args.port + 1 + i, profile=profile, extra_args=extra)
                 for i in range(2)]
