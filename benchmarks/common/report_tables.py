@@ -728,8 +728,18 @@ def long_row() -> list[str]:
                        f"{same_as_full(r)} answers token for token full KV's" for r in served),
              "; ".join([f"full KV {questions_right(full)}"]
                        + [f"{setting_label(r['setting'])} {questions_right(r)} at {pct(r.get('held_share'))} held"
-                          + ("" if r["n"] == full["n"] else f" ({r['n']} conversations)") for r in peers]),
+                          + ("" if r["n"] == full["n"] else f" ({r['n']} conversations: {same_conversations(r, rows)})")
+                          for r in peers]),
              link(LONG)])
+
+
+def same_conversations(peer: dict, rows: list[dict]) -> str:
+    """Questions right of the other settings over the conversations a partly run peer answered."""
+    def right(r):
+        return sum(ok for cid in peer["outcomes"] for ok, _ in r["outcomes"].get(cid, []))
+
+    return ", ".join(f"{'full KV' if r['setting'] == 'full' else setting_label(r['setting'])} {right(r)}"
+                     for r in rows if r is not peer and not r["setting"].startswith("kvpress")) + " on them"
 
 
 def long_headline(name: str = LONG) -> str:
