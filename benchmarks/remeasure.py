@@ -9,8 +9,8 @@ The full run is resumable: run it again (in another session) and it skips every 
 already measured the current code. A figure is current when
 
 * fidelity (answers): every row of its report was answered by the current code version of its setting,
-  or by a version shown to give the same answers (benchmarks/fidelity/versions.py, fidelity_versions.json);
-  its command is itself resumable (it runs only the conversations not recorded at the current version);
+  or by a version shown to give the same answers (benchmarks/fidelity/versions.py, fidelity_versions.json),
+  and every setting its command asks for has rows (missing_rows); its command is itself resumable (it runs only the conversations not recorded at the current version);
 * every other figure: its results file is stamped with a commit (no uncommitted changes) whose served
   files (tangram_sglang/ less what the server never loads, ``NOT_SERVED``), benchmark module and profiles
   equal the working tree's.
@@ -220,7 +220,38 @@ def fidelity_status(fig: Figure, results_dir: str) -> tuple[bool, str]:
             stale.append(f"{row['setting']} {row['ratio']:g}")
     if stale:
         return False, f"{len(stale)} of {len(rows)} rows not from the current code ({', '.join(stale[:4])}...)"
+    missing = missing_rows(fig, rows)
+    if missing:
+        return False, f"no rows for {', '.join(missing[:4])}{'...' if len(missing) > 4 else ''} (asked, never run)"
     return True, f"all {len(rows)} rows from the current code"
+
+
+def missing_rows(fig: Figure, rows: list[dict]) -> list[str]:
+    """Settings (and ratios) the figure's command asks for that its report has no row of: full KV at 1, the
+    dynamic method and kvpress at each of their ratios (kvpress: --peer-ratios on the long tier), a setting
+    bound to the profile's entries (tangram, static, uniform) at one ratio at least."""
+    from benchmarks.fidelity.settings import KVPRESS, base_setting
+
+    args = list(fig.full)
+    settings, ratios = _values(args, "--settings"), [float(r) for r in _values(args, "--ratios")]
+    peer = [float(r) for r in _values(args, "--peer-ratios")] or ratios
+    have = {(base_setting(r["setting"]), round(r["ratio"], 4)) for r in rows}
+    out = []
+    for s in settings:
+        want = [1.0] if s == "full" else peer if s in KVPRESS else ratios if s == "dynamic" else None
+        if want is None:
+            out += [] if any(b == s for b, _ in have) else [s]
+        else:
+            out += [f"{s} {r:g}" for r in want if (s, round(r, 4)) not in have]
+    return out
+
+
+def _values(args: list[str], name: str) -> list[str]:
+    """The values after name in args, up to the next option."""
+    if name not in args:
+        return []
+    rest = args[args.index(name) + 1:]
+    return rest[:next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))]
 
 
 def _same_as(version: str, links: dict) -> set[str]:

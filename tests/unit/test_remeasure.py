@@ -55,16 +55,33 @@ def test_fidelity_rows_count_when_run_or_linked_to_the_current_version(tmp_path,
     import benchmarks.fidelity.versions as versions
 
     fig = next(f for f in FIGURES if f.name == "fidelity_gemma")
-    monkeypatch.setattr(versions, "code_version", lambda setting, profile: {"full": "F2", "tangram": "T3"}[setting])
-    rows = [{"setting": "full", "ratio": 1.0, "version": "F2"}, {"setting": "tangram", "ratio": 0.5, "version": "T1"}]
+    monkeypatch.setattr(versions, "code_version",
+                        lambda setting, profile: {"full": "F2", "tangram": "T3", "dynamic": "D"}[setting])
+    rows = [{"setting": "full", "ratio": 1.0, "version": "F2"}, {"setting": "tangram", "ratio": 0.5, "version": "T1"},
+            *({"setting": "dynamic", "ratio": r, "version": "D"} for r in (0.5, 0.25))]
     _write(tmp_path, "fidelity", "fidelity_gemma.json", {"rows": rows})
     ok, why = fidelity_status(fig, str(tmp_path))
-    assert not ok and why.startswith("1 of 2 rows not from the current code (tangram 0.5")
+    assert not ok and why.startswith("1 of 4 rows not from the current code (tangram 0.5")
     _write(tmp_path, "fidelity", "fidelity_versions.json", {"T3": {"same_as": "T2"}, "T2": {"same_as": "T1"}})
-    assert fidelity_status(fig, str(tmp_path)) == (True, "all 2 rows from the current code")
+    assert fidelity_status(fig, str(tmp_path)) == (True, "all 4 rows from the current code")
     rows[0].pop("version")                                  # reports written before rows carried versions
     _write(tmp_path, "fidelity", "fidelity_gemma.json", {"rows": rows})
     assert not fidelity_status(fig, str(tmp_path))[0]
+
+
+def test_a_setting_asked_but_never_run_makes_the_figure_stale(tmp_path, monkeypatch):
+    import benchmarks.fidelity.versions as versions
+
+    fig = next(f for f in FIGURES if f.name == "fidelity_long")     # full, tangram; kvpress at --peer-ratios
+    monkeypatch.setattr(versions, "code_version", lambda setting, profile: "V")
+    rows = [{"setting": "full", "ratio": 1.0, "version": "V"}, {"setting": "tangram[fastkvzip]", "ratio": 0.4,
+                                                                  "version": "V"}]
+    _write(tmp_path, "fidelity", "fidelity_long.json", {"rows": rows})
+    assert fidelity_status(fig, str(tmp_path)) == (False, "no rows for kvpress-kvzip 0.51 (asked, never run)")
+    rows.append({"setting": "kvpress-kvzip", "ratio": 0.51, "version": "V"})
+    _write(tmp_path, "fidelity", "fidelity_long.json", {"rows": rows})
+    assert fidelity_status(fig, str(tmp_path)) == (True, "all 3 rows from the current code")
+    assert remeasure._values(["--ratios", "0.4", "0.5", "--name", "x"], "--ratios") == ["0.4", "0.5"]
 
 
 def test_quick_commands_never_write_the_committed_results():
