@@ -223,6 +223,10 @@ def fidelity_status(fig: Figure, results_dir: str) -> tuple[bool, str]:
     missing = missing_rows(fig, rows)
     if missing:
         return False, f"no rows for {', '.join(missing[:4])}{'...' if len(missing) > 4 else ''} (asked, never run)"
+    most = max((r.get("n", 0) for r in rows), default=0)
+    partial = [f"{r['setting']} {r['ratio']:g} ({r['n']} of {most})" for r in rows if r.get("n", most) < most]
+    if partial:
+        return False, f"rows run on part of the conversations: {', '.join(partial[:4])}"
     return True, f"all {len(rows)} rows from the current code"
 
 

@@ -214,11 +214,11 @@ def conversations(model: str, tok, args, split: bool = False) -> list[LongConver
     cache = ReplyCache(os.path.join(os.path.dirname(os.path.abspath(args.runs)), "fidelity_long_replies.json"))
     run_pass_one(scripts, tok, model, ensure_model(model), args, cache)
     keys = [ReplyCache.key(model, s, args.reply_tokens) for s in scripts]
-    out = []
-    for s, k in ((s, k) for s, k in zip(scripts, keys) if k in cache.data):
-        out.append(build(s, tok, cache.data[k]))
-        out[-1].asked_at = question_starts(s, tok, cache.data[k]) if split else []
-    return out
+    replied = [(s, cache.data[k]) for s, k in zip(scripts, keys) if k in cache.data]
+    convs = [build(s, tok, replies) for s, replies in replied]
+    for conv, (s, replies) in zip(convs, replied):
+        conv.asked_at = question_starts(s, tok, replies) if split else []
+    return convs
 
 
 def check_context(model_path: str, scripts, tok, args) -> None:

@@ -78,7 +78,12 @@ def test_a_setting_asked_but_never_run_makes_the_figure_stale(tmp_path, monkeypa
                                                                   "version": "V"}]
     _write(tmp_path, "fidelity", "fidelity_long.json", {"rows": rows})
     assert fidelity_status(fig, str(tmp_path)) == (False, "no rows for kvpress-kvzip 0.51 (asked, never run)")
-    rows.append({"setting": "kvpress-kvzip", "ratio": 0.51, "version": "V"})
+    rows.append({"setting": "kvpress-kvzip", "ratio": 0.51, "version": "V", "n": 21})
+    rows[0]["n"] = rows[1]["n"] = 24
+    _write(tmp_path, "fidelity", "fidelity_long.json", {"rows": rows})
+    assert fidelity_status(fig, str(tmp_path)) == (
+        False, "rows run on part of the conversations: kvpress-kvzip 0.51 (21 of 24)")
+    rows[2]["n"] = 24
     _write(tmp_path, "fidelity", "fidelity_long.json", {"rows": rows})
     assert fidelity_status(fig, str(tmp_path)) == (True, "all 3 rows from the current code")
     assert remeasure._values(["--ratios", "0.4", "0.5", "--name", "x"], "--ratios") == ["0.4", "0.5"]
