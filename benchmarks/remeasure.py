@@ -131,8 +131,8 @@ FIGURES: tuple[Figure, ...] = (
            ("--model", "smollm2", "--profile", "configs/smollm2-fastkvzip.yaml", "--ratios", "0.4", "--stock-policies",
             "fcfs", "lpm-refresh", "--max-total-tokens", "4096", "--rates", "0.5", "--repeats", "3"),
            ("--quick", "--out", f"{QUICK_DIR}/serving/bench_serving.json")),
-    # the same below saturation: 0.05 conversations/s (their turns follow the replies) where stock's best at 0.5
-    # finished 0.08 conversations/s, so every setting keeps up and p99 TTFT is latency, not queueing
+    # the same at a tenth of the rate: seed 1 starts the 16 conversations over about 170 s (their turns follow
+    # the replies), about what each setting finishes at 0.5, so queues form in bursts only
     Figure("bench_serving_low_rate", "serving", "benchmarks.serving.bench_serving",
            ("--model", "smollm2", "--profile", "configs/smollm2-fastkvzip.yaml", "--ratios", "0.4", "--stock-policies",
             "fcfs", "lpm-refresh", "--max-total-tokens", "4096", "--rates", "0.05", "--repeats", "3",
