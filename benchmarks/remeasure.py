@@ -35,6 +35,8 @@ from benchmarks.fidelity.versions import NOT_SERVED
 QUICK_DIR = "/tmp/tangram-quick-results"
 S = ("--retrieval-per-kind", "16", "--replays-per-kind", "8")   # SmolLM2 / Gemma: 64 conversations
 Q = ("--retrieval-per-kind", "8", "--replays-per-kind", "4")    # Qwen2.5-0.5B: 32
+BENCH = ("--model", "smollm2", "--profile", "configs/smollm2-fastkvzip.yaml", "--ratios", "0.4", "--stock-policies",
+         "fcfs", "lpm-refresh", "--max-total-tokens", "4096")   # bench_serving: plain stock, best stock, Tangram
 CONC = ("--sessions", "4", "--turns", "2", "--prompt-tokens", "300", "--new-tokens", "40", "--max-new-tokens", "12",
         "--max-total-tokens", "1024")  # a quick multi-turn run
 
@@ -127,16 +129,12 @@ FIGURES: tuple[Figure, ...] = (
                  "--ratios 0.5 --sessions 6 --turns 3 --prompt-tokens 1300 --new-tokens 200 --max-new-tokens 32 "
                  "--max-total-tokens 6144 --repeats 3 --stock-variants fcfs refresh"),
     # SGLang's own benchmark, multi-turn: plain stock, the strongest stock of the throughput run, Tangram
-    Figure("bench_serving", "serving", "benchmarks.serving.bench_serving",
-           ("--model", "smollm2", "--profile", "configs/smollm2-fastkvzip.yaml", "--ratios", "0.4", "--stock-policies",
-            "fcfs", "lpm-refresh", "--max-total-tokens", "4096", "--rates", "0.5", "--repeats", "3"),
+    Figure("bench_serving", "serving", "benchmarks.serving.bench_serving", (*BENCH, "--rates", "0.5", "--repeats", "3"),
            ("--quick", "--out", f"{QUICK_DIR}/serving/bench_serving.json")),
     # the same at a tenth of the rate: seed 1 starts the 16 conversations over about 170 s (their turns follow
     # the replies), about what each setting finishes at 0.5, so queues form in bursts only
     Figure("bench_serving_low_rate", "serving", "benchmarks.serving.bench_serving",
-           ("--model", "smollm2", "--profile", "configs/smollm2-fastkvzip.yaml", "--ratios", "0.4", "--stock-policies",
-            "fcfs", "lpm-refresh", "--max-total-tokens", "4096", "--rates", "0.05", "--repeats", "3",
-            "--out", "benchmarks/results/serving/bench_serving_low_rate.json"),
+           (*BENCH, "--rates", "0.05", "--repeats", "3", "--out", "benchmarks/results/serving/bench_serving_low_rate.json"),
            ("--quick", "--out", f"{QUICK_DIR}/serving/bench_serving_low_rate.json")),
     # fidelity: hours (resumable by conversation)
     _fidelity("fidelity_fastkvzip", "smollm2", "configs/smollm2-fastkvzip.yaml",

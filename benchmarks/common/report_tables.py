@@ -572,8 +572,9 @@ def bench_serving_row(name: str = "serving/bench_serving.json") -> list:
     ttft = lambda x: f"{x['p99_ttft_ms'][0] / 1000:.{1 if x['p99_ttft_ms'][0] < 10_000 else 0}f}"  # noqa: E731
     hits = lambda x: x["cache_hit_rate_pct"][0]  # noqa: E731
     rate_s = "all at once" if rate in ("inf", math.inf) else f"{rate:g} conversations/s started"
-    quick = min(stock, key=lambda x: x["p99_ttft_ms"][0])   # the best stock by throughput may queue longest
-    low_p99 = "" if quick is best else f"; lowest stock p99 TTFT {ttft(quick)} s ({quick['setting'].removeprefix('stock-')})"
+    fastest = min(stock, key=lambda x: x["p99_ttft_ms"][0])   # the best stock by throughput may queue longest
+    low_p99 = "" if fastest is best else (f"; lowest stock p99 TTFT {ttft(fastest)} s "
+                                          f"({fastest['setting'].removeprefix('stock-')})")
     return [f"`sglang.bench_serving`, multi-turn (generated-shared-prefix, {a['groups'] * a['per_group']} conversations "
             f"x {a['turns']} turns, replies fed back), {SHIPPED.get(a['model'], {}).get('name', a['model'])}, "
             f"{scorer_name(pathlib.Path(a['profile']).stem)} {tg['setting'].split('@')[1]}, "
@@ -858,8 +859,8 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "bench_serving": ("SGLang's own bench_serving, multi-turn (generated-shared-prefix, replies fed back), stock "
                       "against Tangram at the same KV bytes, 3 alternating runs",
                       lambda: " ".join(bench_serving_row()[1:3]).replace("**", ""), None),
-    "bench_serving_low_rate": ("The same bench_serving workload below saturation: 0.05 conversations started per "
-                               "second, 3 alternating runs",
+    "bench_serving_low_rate": ("The same bench_serving workload at a tenth of the rate: 0.05 conversations started "
+                               "per second, 3 alternating runs",
                                lambda: " ".join(bench_serving_row(BENCH_LOW)[1:3]).replace("**", ""), None),
     "concurrency_multiturn_qwen": ("The same workload on Qwen2.5-0.5B, FastKVzip 0.25, three pool sizes",
                                    lambda: concurrency_headline("serving/concurrency_multiturn_qwen.json"), None),
