@@ -139,7 +139,18 @@ def recommended(model: str) -> dict:
            f"full KV, {pct(best['kept_share'])} of the history kept, {pct(best['saved_vs_full_kv'])} of the KV pool "
            f"saved (benchmarks/results/{md})")
     return dict(spec, key=model, ratio=best["ratio"], served=best, full=full, why=why, scorer=scorer,
-                uniform=fidelity_rows(spec["fidelity"], "uniform").get(best["ratio"]))
+                uniform=fidelity_rows(spec["fidelity"], "uniform").get(best["ratio"]),
+                peer=peer_at_held(spec["fidelity"], best))
+
+
+def peer_at_held(name: str, served: dict) -> dict | None:
+    """The kvpress row of the served row's scoring method whose kept share is nearest the KV the served
+    pool held, else its kept share (the row benchmarks/fidelity/paired.py pairs it with), or None."""
+    kv = served["held_share"] if served.get("held_share") is not None else served["kept_share"]
+    method = served.get("method") or ""
+    peer = "kvpress-kvzip" if method == "fastkvzip" else f"kvpress-{method}"  # the same scoring method
+    peers = [r for r in rows_of(name) if r["setting"] == peer]
+    return min(peers, key=lambda r: abs(r["kept_share"] - kv)) if peers and kv is not None else None
 
 
 # ---------------------------------------------------------------- throughput
@@ -594,11 +605,15 @@ def key_results() -> list[str]:
     rows = []
     for key in SHIPPED:
         rec = recommended(key)
-        uni = f"; uniform budgets at equal memory {answered(rec['uniform'], False)}" if rec["uniform"] else ""
+        served, peer, uni = rec["served"], rec["peer"], rec["uniform"]
+        held = (f"{pct(served['held_share'])} of full KV held" if served.get("held_share") is not None
+                else f"{pct(served['saved_vs_full_kv'])} of the pool saved")
+        peer = (f"; {setting_label(peer['setting'])} {answered(peer, False)} at {pct(peer['kept_share'])}"
+                if peer else "")
+        uni = f"; uniform budgets {answered(uni, False)} at {pct(uni['kept_share'])}" if uni else ""
         rows.append([f"Multi-turn answers right, {rec['name']}, {rec['scorer']} {rec['ratio']:g}",
-                     f"**{answered(rec['served'])}**; {pct(rec['served']['kept_share'])} of the history kept, "
-                     f"{pct(rec['served']['saved_vs_full_kv'])} of the pool saved",
-                     f"full KV {answered(rec['full'])}{uni}",
+                     f"**{answered(served)}**; {pct(served['kept_share'])} of the history kept, {held}",
+                     f"full KV {answered(rec['full'])}{peer}{uni}",
                      link(rec["fidelity"])])
     for key, spec in SHIPPED.items():
         if repeated(spec["throughput"]):

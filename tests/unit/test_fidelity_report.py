@@ -31,7 +31,22 @@ def test_comparisons_pair_same_ratio_and_nearest_kvpress_kept_share():
             _row("kvpress-snapkv", 0.32, 0.32, oc)]
     got = [(b["setting"], b["ratio"], field) for _, b, _, field in comparisons(rows)]
     assert got == [("dynamic[fastkvzip]", 0.25, 0), ("uniform[fastkvzip]", 0.25, 0), ("dynamic[fastkvzip]", 0.33, 0),
-                   ("kvpress-kvzip", 0.32, 1)]
+                   ("kvpress-kvzip", 0.32, 0), ("kvpress-kvzip", 0.32, 1)]
     lines = paired_lines(rows)
-    assert len(lines) == 5 + 4 and lines[5].endswith("| right | 1/1 | 1/1 | 0 / 0 | 1.00 |")
+    assert len(lines) == 5 + 5 and lines[5].endswith("| right | 1/1 | 1/1 | 0 / 0 | 1.00 |")
+    assert "| within 2 points at equal KV | right |" in lines[7] and "(32% kept)" in lines[7]
+    assert "| not below at equal KV | right |" in lines[8]
     assert lines[-1].endswith("| degenerate | 0/1 | 0/1 | 0 / 0 | 1.00 |")
+
+
+def test_comparisons_at_equal_kv_use_the_held_share_where_measured():
+    """Tangram keeps 32% of the history but its pool holds 40% of full KV: the dynamic method and kvpress
+    are paired at 40% (equal measured bytes), not at the kept share."""
+    oc = {"c1": [True, False]}
+    served = dict(_row("tangram[fastkvzip]", 0.25, 0.32, oc, "fastkvzip"), held_share=0.4)
+    rows = [served, _row("dynamic[fastkvzip]", 0.27, 0.32, oc), _row("dynamic[fastkvzip]", 0.38, 0.395, oc),
+            _row("kvpress-kvzip", 0.32, 0.32, oc), _row("kvpress-kvzip", 0.4, 0.4, oc)]
+    got = [(b["ratio"], want) for _, b, want, _ in comparisons(rows)]
+    assert got == [(0.38, "within 2 points at equal KV held"), (0.4, "not below at equal KV held"),
+                   (0.4, "degenerate no more often")]
+    assert "(32% kept, 40% held)" in paired_lines(rows)[5]
