@@ -143,13 +143,15 @@ def recommended(model: str) -> dict:
                 peer=peer_at_held(spec["fidelity"], best))
 
 
+# benchmarks/fidelity/paired.py's PEER (this file imports nothing of the benchmarks package; a test keeps the two equal)
+KVPRESS_PEER = {"snapkv": "kvpress-snapkv", "kvzip": "kvpress-kvzip", "fastkvzip": "kvpress-kvzip"}
+
+
 def peer_at_held(name: str, served: dict) -> dict | None:
     """The kvpress row of the served row's scoring method whose kept share is nearest the KV the served
     pool held, else its kept share (the row benchmarks/fidelity/paired.py pairs it with), or None."""
-    kv = served["held_share"] if served.get("held_share") is not None else served["kept_share"]
-    method = served.get("method") or ""
-    peer = "kvpress-kvzip" if method == "fastkvzip" else f"kvpress-{method}"  # the same scoring method
-    peers = [r for r in rows_of(name) if r["setting"] == peer]
+    kv = served["held_share"] if served.get("held_share") is not None else served["kept_share"]  # paired.tangram_kv
+    peers = [r for r in rows_of(name) if r["setting"] == KVPRESS_PEER.get(served.get("method") or "")]
     return min(peers, key=lambda r: abs(r["kept_share"] - kv)) if peers and kv is not None else None
 
 

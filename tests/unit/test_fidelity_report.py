@@ -1,6 +1,7 @@
 """The fidelity report's paired comparisons: which rows it pairs, what it counts, the sign test."""
 
-from benchmarks.fidelity.paired import comparisons, paired, paired_lines, sign_test
+from benchmarks.common.report_tables import KVPRESS_PEER
+from benchmarks.fidelity.paired import PEER, comparisons, paired, paired_lines, sign_test
 
 
 def _row(setting, ratio, kept, outcomes, method="snapkv"):
@@ -50,3 +51,8 @@ def test_comparisons_at_equal_kv_use_the_held_share_where_measured():
     assert got == [(0.38, "within 2 points at equal KV held"), (0.4, "not below at equal KV held"),
                    (0.4, "degenerate no more often")]
     assert "(32% kept, 40% held)" in paired_lines(rows)[5]
+
+
+def test_readme_row_pairs_the_same_kvpress_setting_as_the_report():
+    """report_tables (standard library only, loaded by path) keeps its own copy of the peer map."""
+    assert KVPRESS_PEER == PEER
