@@ -121,7 +121,7 @@ FIGURES: tuple[Figure, ...] = (
                  "--profile configs/qwen2.5-0.5b-fastkvzip.yaml --repeats 3 --stock-variants fcfs lpm lpm-refresh"),
     _concurrency("concurrency_fp8", "--sessions 16 --turns 4 --prompt-tokens 1000 --new-tokens 150 --max-new-tokens 48 "
                  "--max-total-tokens 3072 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml "
-                 "--kv-cache-dtype auto fp8_e4m3 --repeats 3"),
+                 "--kv-cache-dtype auto fp8_e4m3 --repeats 3 --stock-variants fcfs lpm lpm-refresh"),
     _concurrency("concurrency_gemma_long", "--model gemma3-270m --profile configs/gemma3-270m-fastkvzip.yaml "
                  "--ratios 0.5 0.25 --sessions 6 --turns 3 --prompt-tokens 1300 --new-tokens 200 --max-new-tokens 32 "
                  "--max-total-tokens 3072 --repeats 3 --stock-variants fcfs refresh"),
