@@ -114,10 +114,15 @@ def fidelity_rows(name: str, setting: str) -> dict[float, dict]:
 
 
 def fidelity_table(name: str, keep=None) -> list[str]:
-    """The rows of one fidelity file; ``keep`` (base setting names) drops rows another table shows."""
+    """The rows of one fidelity file, settings in the file's order and each setting's ratios from the highest
+    (the file keeps the order of the command's ratios); ``keep`` (base setting names) drops rows another
+    table shows."""
+    found = rows_of(name)
+    order = {s: i for i, s in enumerate(dict.fromkeys(r["setting"] for r in found))}
     rows = [[setting_label(r["setting"]), f"{r['ratio']:g}", pct(r["kept_share"]), pct(r.get("held_share")), answered(r),
              f"{r['retrieval_correct']}/{r['retrieval_n']}", f"{r['replay_agree']}/{r['replay_n']}",
-             f"{r['degenerate']}/{r['n']}", pct(r["saved_vs_full_kv"])] for r in rows_of(name)
+             f"{r['degenerate']}/{r['n']}", pct(r["saved_vs_full_kv"])]
+            for r in sorted(found, key=lambda r: (order[r["setting"]], -r["ratio"]))
             if keep is None or r["setting"].split("[")[0] in keep]
     return table(["setting", "ratio", "kept share", "KV held", "answered right [95% CI]", "retrieval",
                   "replay agreement", "degenerate", "pool saved"], rows)
