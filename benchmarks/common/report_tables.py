@@ -287,6 +287,7 @@ def fp8_throughput_rows(name: str = "serving/concurrency_fp8.json") -> list[list
         label = mode_label(runs[0]) + (f" ({mode.removeprefix('stock-')})" if mode.startswith("stock-") else "")
         rows.append([label, kv, f"{runs[0]['pool_bytes'] / 2**20:.0f}", len(runs),
                      median_range([turns_per_s(r) for r in runs]),
+                     "1.00x" if mode == "stock" else
                      median_range([turns_per_s(r) / turns_per_s(plain[r["repeat"]]) for r in runs], "{:.2f}x"),
                      median_range([turns_per_s(r) / turns_per_s(best[r["repeat"]]) for r in runs], "{:.2f}x"),
                      median_range(held, "{:.0f}") + ("" if max(held) < data["args"]["sessions"] else " (all: not bound)"),
