@@ -895,7 +895,7 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                               None),
     "concurrency_fp8": ("Multi-turn throughput with FP8 KV pages at the same bytes (16 sessions x 4 turns, 3 runs), "
                         "SmolLM2, FastKVzip 0.4",
-                        lambda: "; ".join(f"{r[0]} {r[1]}: {r[5]} stock's turns/s, {r[6]} sessions"
+                        lambda: "; ".join(f"{r[0]} {r[1]}: {r[5]} plain stock's turns/s, {r[6]} the best stock's, {r[7]} sessions"
                                           for r in fp8_throughput_rows() if r[3]), None),
     "concurrency": ("Two-turn sessions started together: peak sessions decoding together at the same KV bytes, "
                     "SnapKV 0.25 and 0.5", lambda: concurrency_headline("serving/concurrency.json"), None),
