@@ -721,6 +721,12 @@ def fidelity_headline(name: str) -> str:
         for r in served)
 
 
+def fidelity_rows_headline(name: str) -> str:
+    """Every row's answers and the share of full KV it held (for reports without a full-KV row)."""
+    return "; ".join(f"{setting_label(r['setting'])} {r['ratio']:g}: {answered(r, False)} "
+                     f"({pct(r.get('held_share'))} of full KV held)" for r in rows_of(name))
+
+
 LONG = "fidelity/fidelity_long.json"
 
 
@@ -856,6 +862,15 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                                 lambda: fidelity_headline("fidelity/fidelity_qwen_fastkvzip.json"), None),
     "fidelity_qwen_kvzip": ("Multi-turn fidelity of the Qwen2.5-0.5B KVzip profile",
                             lambda: fidelity_headline("fidelity/fidelity_qwen_kvzip.json"), None),
+    "fidelity_fp8": ("The SmolLM2 FastKVzip profile with FP8 KV pages against float32 pages (64 conversations)",
+                     lambda: fidelity_rows_headline("fidelity/fidelity_fp8.json"), None),
+    "fidelity_qwen_fp8": ("The Qwen2.5-0.5B FastKVzip profile with FP8 KV pages against float32 pages "
+                          "(32 conversations)", lambda: fidelity_rows_headline("fidelity/fidelity_qwen_fp8.json"), None),
+    "fidelity_gemma": ("Multi-turn fidelity of Gemma-3-270m, a hybrid with window layers, with its FastKVzip "
+                       "profile, against full KV and the dynamic method (64 conversations)",
+                       lambda: fidelity_headline("fidelity/fidelity_gemma.json"), None),
+    "fidelity_gemma_layer": ("Gemma-3-270m with per-layer budgets (paper Eq. 3) instead of model-wide ones",
+                             lambda: fidelity_headline("fidelity/fidelity_gemma_layer.json"), None),
     "fidelity_before": ("Fidelity answers recorded before two serving fixes (first chunk independent of batching; "
                         "sinks and newest tokens protected), kept for comparison", lambda: "see the file",
                         "the benchmark's first version (its answers stay in fidelity_runs.jsonl)"),
@@ -897,6 +912,18 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                         "SmolLM2, FastKVzip 0.4",
                         lambda: "; ".join(f"{r[0]} {r[1]}: {r[5]} plain stock's turns/s, {r[6]} the best stock's, {r[7]} sessions"
                                           for r in fp8_throughput_rows() if r[3]), None),
+    "concurrency_gemma": ("Multi-turn throughput of Gemma-3-270m (8 sessions x 3 turns of 800-token prompts, a "
+                          "2,048-token pool, 3 runs), FastKVzip 0.25, on the code before window layers held only "
+                          "their window (kept for comparison)",
+                          lambda: concurrency_headline("serving/concurrency_gemma.json"), None),
+    "concurrency_gemma_windows": ("The same Gemma-3-270m workload once window layers hold only their "
+                                  "window (admission still reserves them dense)",
+                                  lambda: concurrency_headline("serving/concurrency_gemma_windows.json"), None),
+    "concurrency_gemma_long": ("Gemma-3-270m with histories of 2.5-3.5 windows (6 sessions x 3 turns of 1,300-token "
+                               "prompts), a 3,072-token pool, FastKVzip 0.5 and 0.25, against stock fcfs and refresh, "
+                               "3 runs", lambda: concurrency_headline("serving/concurrency_gemma_long.json"), None),
+    "concurrency_gemma_long_6k": ("The same Gemma-3-270m long workload in a 6,144-token pool, FastKVzip 0.5",
+                                  lambda: concurrency_headline("serving/concurrency_gemma_long_6k.json"), None),
     "concurrency": ("Two-turn sessions started together: peak sessions decoding together at the same KV bytes, "
                     "SnapKV 0.25 and 0.5", lambda: concurrency_headline("serving/concurrency.json"), None),
     "concurrency_fastkvzip": ("The two-turn workload with the FastKVzip gate at 0.5 (torch-matmul prefill of "
@@ -941,6 +968,10 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "triton_tune_nvidia-h200": ("Launch options of the Triton decode kernel on an NVIDIA H200 (BLOCK_N, warps, stages)",
                                 lambda: "served launch / best launch: " + ", ".join(
                                     r[-1] for r in triton_launch_rows()), None),
+    "paper_models": ("KV bytes per history token of the paper's models under the authors' retention data, "
+                     "reserved and held, against stock", lambda: "; ".join(
+                         f"{r['model']} ({r['scorer']}) {r['ratio']:g}: {times(r['bounded'] / r['stock'])} stock's bytes"
+                         for r in rows_of("modeled/paper_models.json") if r["ratio"] == 0.25), None),
     "control_plane": ("Host time of admission and allocation per request as layers x groups grow",
                       control_plane_headline, None),
     "control_plane_decode": ("Host time per decode step (batch 64, 32 layers x 4 groups) against SGLang's",

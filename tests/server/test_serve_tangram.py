@@ -21,7 +21,6 @@ import os
 import pathlib
 import random
 import threading
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -216,11 +215,10 @@ def test_stream_hang_up_aborts_request(server, essay_ids):
     prompt = essay_ids[12000:12200]
     sp = {"temperature": 0, "max_new_tokens": 1000, "ignore_eos": True}
     assert stream_and_hang_up(PORT, {"input_ids": prompt, "sampling_params": sp}, 2) == 2
-    t0 = time.time()
     info, batch = wait_idle(server, timeout=30)
-    # 1000 tokens take minutes on this CPU (about 5-20 decode steps a second): it was aborted.
+    # 1000 tokens take minutes on this CPU (about 5-20 decode steps a second): idle within the wait means
+    # it was aborted.
     assert info["running_requests"] == 0 and batch["running"] == 0, (info, batch)
-    assert time.time() - t0 < 30
     assert info["integrity"] == "ok" and info["pages_used"] == info["pages_held_by_tree"], info
     # What it computed before the abort stays reusable: its prompt chunk is in the tree.
     out = generate(server.url, {"input_ids": prompt + essay_ids[13000:13020],

@@ -7,7 +7,6 @@ import pathlib
 import re
 import subprocess
 import sys
-import time
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -64,7 +63,8 @@ def test_generated_tables_are_current():
     assert out.returncode == 0, "run .venv/bin/python -m benchmarks.common.report_tables\n" + out.stdout + out.stderr
 
 
-def test_generator_is_light_and_fast():
+def test_generator_is_light():
+    """The generator imports the standard library only, so the docs check runs without the venv's packages."""
     imported = set()
     for node in ast.walk(ast.parse(GENERATOR.read_text())):
         if isinstance(node, ast.Import):
@@ -72,10 +72,15 @@ def test_generator_is_light_and_fast():
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
     assert imported <= {"__future__", "argparse", "json", "math", "pathlib"}, imported
-    tables = load_by_path(GENERATOR, "tangram_report_tables_timing")
-    t0 = time.perf_counter()
-    tables.expected()
-    assert time.perf_counter() - t0 < 2.0
+
+
+def test_every_results_file_is_described():
+    """The results index says what each results file measures (report_tables.INDEX)."""
+    tables = load_by_path(GENERATOR, "tangram_report_tables_index")
+    stems = {p.name.split(".")[0] for kind in tables.KINDS for p in (tables.RESULTS / kind).glob("*") if p.is_file()}
+    assert stems, "no results files found"
+    missing = sorted(stems - set(tables.INDEX))
+    assert not missing, f"add {missing} to INDEX in benchmarks/common/report_tables.py"
 
 
 def test_every_docs_table_is_placed():
