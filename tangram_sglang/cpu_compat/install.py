@@ -26,6 +26,12 @@ def pth_text() -> str:
     )
 
 
+def is_stand_in(origin: str) -> bool:
+    """Whether a module file is one of our stand-ins, from this checkout or another one (a venv whose .pth
+    names a moved or second checkout must not read as a real sgl_kernel: setup would then drop the .pth)."""
+    return os.path.join("tangram_sglang", "cpu_compat", "shims", "") in os.path.abspath(origin)
+
+
 def gpu_build_present() -> tuple[bool, str]:
     """True when torch is a CUDA/ROCm build or a real sgl_kernel is installed."""
     import torch
@@ -33,7 +39,7 @@ def gpu_build_present() -> tuple[bool, str]:
     if torch.version.cuda or getattr(torch.version, "hip", None):
         return True, f"torch {torch.__version__} is a GPU build"
     spec = importlib.util.find_spec("sgl_kernel")
-    if spec is not None and spec.origin and not spec.origin.startswith(SHIMS):
+    if spec is not None and spec.origin and not is_stand_in(spec.origin):
         return True, f"a real sgl_kernel is installed at {spec.origin}"
     return False, f"torch {torch.__version__} is a CPU build and no sgl_kernel is installed"
 
