@@ -713,18 +713,14 @@ DOC_BLOCKS = {
 # ---------------------------------------------------------------- benchmarks/results/README.md
 
 def fidelity_headline(name: str) -> str:
+    """Full KV's answers (where the report ran it), then each served row's, its kept share and, where measured,
+    the share of full KV its pool held."""
     table_rows = rows_of(name)
-    full = next(r for r in table_rows if r["setting"] == "full")
+    full = [f"full KV {answered(r, False)}" for r in table_rows if r["setting"] == "full"]
     served = [r for r in table_rows if r["setting"].split("[")[0] in ("tangram", "static~position")]
-    return f"full KV {answered(full, False)}; " + "; ".join(
-        f"{setting_label(r['setting'])} {r['ratio']:g}: {answered(r, False)} ({pct(r['kept_share'])} kept)"
-        for r in served)
-
-
-def fidelity_rows_headline(name: str) -> str:
-    """Every row's answers and the share of full KV it held (for reports without a full-KV row)."""
-    return "; ".join(f"{setting_label(r['setting'])} {r['ratio']:g}: {answered(r, False)} "
-                     f"({pct(r.get('held_share'))} of full KV held)" for r in rows_of(name))
+    return "; ".join(full + [
+        f"{setting_label(r['setting'])} {r['ratio']:g}: {answered(r, False)} ({pct(r['kept_share'])} kept"
+        + (f", {pct(r['held_share'])} held)" if r.get("held_share") is not None else ")") for r in served])
 
 
 LONG = "fidelity/fidelity_long.json"
@@ -863,9 +859,9 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "fidelity_qwen_kvzip": ("Multi-turn fidelity of the Qwen2.5-0.5B KVzip profile",
                             lambda: fidelity_headline("fidelity/fidelity_qwen_kvzip.json"), None),
     "fidelity_fp8": ("The SmolLM2 FastKVzip profile with FP8 KV pages against float32 pages (64 conversations)",
-                     lambda: fidelity_rows_headline("fidelity/fidelity_fp8.json"), None),
+                     lambda: fidelity_headline("fidelity/fidelity_fp8.json"), None),
     "fidelity_qwen_fp8": ("The Qwen2.5-0.5B FastKVzip profile with FP8 KV pages against float32 pages "
-                          "(32 conversations)", lambda: fidelity_rows_headline("fidelity/fidelity_qwen_fp8.json"), None),
+                          "(32 conversations)", lambda: fidelity_headline("fidelity/fidelity_qwen_fp8.json"), None),
     "fidelity_gemma": ("Multi-turn fidelity of Gemma-3-270m, a hybrid with window layers, with its FastKVzip "
                        "profile, against full KV and the dynamic method (64 conversations)",
                        lambda: fidelity_headline("fidelity/fidelity_gemma.json"), None),
