@@ -42,8 +42,8 @@ def _git(*args: str) -> str | None:
 def commit() -> str:
     """Short hash of HEAD, ``-dirty`` when the tree differs from it outside benchmarks/results/."""
     head = _git("rev-parse", "--short", "HEAD")
-    if head is None:
-        return "unknown"
+    if head is None:  # a copy without .git (a lent GPU machine): the caller names the commit it sent
+        return os.environ.get("TANGRAM_COMMIT", "unknown")
     changes = _git("status", "--porcelain", "--untracked-files=normal", "--", ".", ":(exclude)benchmarks/results")
     return head + ("-dirty" if changes else "")
 

@@ -1,0 +1,43 @@
+"""The GPU run's pieces that need no server: launch lines, summaries, the report (benchmarks.gpu)."""
+
+from benchmarks.gpu import report
+from benchmarks.gpu.servers import Server
+from benchmarks.gpu.speed import summary
+
+
+def test_stock_runs_sglangs_triton_backend_and_the_profile_its_own():
+    stock = Server("stock", "/m", 1024).args(cuda=True)
+    tangram = Server("t", "/m", 1024, profile="/p.yaml", ratio=0.25).args(cuda=True)
+    assert stock[stock.index("--attention-backend") + 1] == "triton"
+    assert "--attention-backend" not in tangram          # the profile sets the tangram backend
+    for args in (stock, tangram):
+        assert args[args.index("--max-total-tokens") + 1] == "1024"   # the same pool bytes
+        assert args[args.index("--sampling-backend") + 1] == "pytorch"
+    assert tangram[tangram.index("--tangram-ratio") + 1] == "0.25"
+    cpu = Server("s", "/m", 64, graphs=False).args(cuda=False)
+    assert cpu[cpu.index("--dtype") + 1] == "float32" and "--disable-cuda-graph" in cpu
+    assert "--attention-backend" not in cpu
+
+
+def test_summary_pairs_each_repetition_with_the_baselines():
+    rows = summary({"stock": [10.0, 20.0, 30.0], "t": [5.0, 20.0, 15.0]}, "stock")
+    assert rows["stock"]["median"] == 20.0 and "vs_stock" not in rows["stock"]
+    assert rows["t"]["vs_stock"] == {"median": 0.5, "range": [0.5, 1.0]}
+
+
+def test_report_names_failures_and_skips():
+    result = {"stamp": {"date": "d", "commit": "c", "command": "x",
+                        "machine": {"platform": "p", "cpus": 1, "python": "3", "torch": "t", "cuda_device": "GPU"}},
+              "cuda": True,
+              "correctness": {"failed_to_start": {"llama-t1.0": "RuntimeError: server exited\nImportError: boom"},
+                              "archs": [{"arch": "llama", "errors": {}, "integrity": {"llama-stock": [None, None],
+                                                                                   "llama-t0.4": ["ok", "bad page"]},
+                                         "cached_turn2": {"llama-t0.4": 5}, "turn2_prompt_tokens": 9,
+                                         "t0.4 graphs vs eager": {"turn1": {"equal": 6, "of": 7, "first_difference": [3]},
+                                                                  "turn2": {"equal": 7, "of": 7, "first_difference": []}}}]},
+              "speed": {"error": "Traceback: out of memory"},
+              "fp8": {"skipped": "out of time"}}
+    text = report.render(result)
+    assert "ImportError: boom" in text and "out of memory" in text and "Skipped: out of time" in text
+    assert "6/7 / 7/7" in text
+    assert "llama-t0.4: ['ok', 'bad page']" in text and "llama-stock" not in text.split("| integrity |")[1]
