@@ -80,11 +80,31 @@ def _speed(stage: str, s: dict) -> list[str]:
         lines += _table(row["step_ms"])
     if s.get("prefill_s"):
         lines += [f"Prefill of a fresh {sizes.get('prefill')}-token prompt (s):", ""] + _table(s["prefill_s"])
+    if s.get("multiturn"):
+        lines += _multiturn(s["multiturn"])
     for why in s.get("skipped", []) if isinstance(s.get("skipped"), list) else []:
         lines.append(f"- skipped: {why}")
     if s.get("pools"):
         lines += ["", "Pools: " + "; ".join(f"{n}: {_pool(p)}" for n, p in s["pools"].items()), ""]
     return lines
+
+
+def _multiturn(m: dict) -> list[str]:
+    w = m["workload"]
+    lines = [f"Multi-turn: {w['sessions']} sessions x {w['turns']} turns ({w['first']} tokens, then {w['user']} more "
+             f"per turn, {w['answer']}-token answers), each server from an empty tree, one run:", "",
+             "| server | turns/s | vs stock | TTFT median / p99 (s) | latency median / p99 (s) | history reused | "
+             "prefilled tokens | errors |", "|---|---|---|---|---|---|---|---|"]
+    base = m.get("stock") or next((v for k, v in m.items() if k.startswith("stock")), None)
+    for name, r in m.items():
+        if name == "workload":
+            continue
+        rel = f"{r['turns_per_s'] / base['turns_per_s']:.2f}x" if base and base.get("turns_per_s") else "-"
+        reused = r["cached_tokens"] / r["prompt_tokens"] if r["prompt_tokens"] else 0.0
+        lines.append(f"| {name} | {r['turns_per_s']:.3f} | {rel} | {r['ttft_s'].get('median')} / {r['ttft_s'].get('p99')} "
+                     f"| {r['latency_s'].get('median')} / {r['latency_s'].get('p99')} | {100 * reused:.0f}% "
+                     f"| {r['prefilled_tokens']} | {r['error_count']} |")
+    return lines + [""]
 
 
 def _table(rows: dict) -> list[str]:

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         "correctness": lambda: correctness.run(work, logs, args.port, cuda, args.archs,
                                                timeout=min(300.0, deadline - time.time())),
         "speed": lambda: speed.run(work, logs, args.port + 40, cuda, args.quick, deadline - 60),
-        "fp8": lambda: speed.run(work, logs, args.port + 80, cuda, args.quick, deadline, kv_dtype="fp8_e4m3"),
+        "fp8": lambda: speed.run(work, logs, args.port + 80, cuda, args.quick, deadline, kv_dtype="fp8_e4m3",
+                                 multi=False),
     }
     for name in args.stages:
         if name == "fp8" and not cuda:
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def write(out: str, name: str, result: dict) -> None:
     with open(os.path.join(out, f"gpu_served_{name}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(result, f, indent=1, default=str)
     with open(os.path.join(out, f"gpu_served_{name}.md"), "w") as f:
         f.write(report.render(result))
 

@@ -10,6 +10,9 @@ same pool bytes; all run at once and are timed in turn, repetition by repetition
   tree), then per repetition times the batch with 1 new token (T1) and with M + 1 (T2): the step
   is (T2 - T1) / M, prefill and the HTTP round trip cancelled out (benchmarks.timing.decode_step).
 - Prefill: a fresh prompt (nothing cached) with 1 new token, per repetition a new one per server.
+- Multi-turn (benchmarks.gpu.multiturn): 48 sessions x 3 turns (4,096 tokens, then 1,024 more per
+  turn, 64-token answers) on each server in turn, from an empty tree: the pool holds about half of
+  the histories' full KV, so memory binds for stock.
 """
 
 from __future__ import annotations
@@ -20,16 +23,19 @@ import time
 
 import numpy as np
 
-from benchmarks.common.client import get_json
+from benchmarks.common.client import call, get_json
+from benchmarks.gpu import multiturn
 from benchmarks.gpu.models import compressing_file, dummy_model, reference_file, tiny_model, uniform_file
+from benchmarks.gpu.multiturn import Workload
 from benchmarks.gpu.servers import Fleet, Server
 from benchmarks.timing.decode_step import batch_seconds
 
 FULL = dict(model="llama-3.1-8b-instruct", reference="llama-3.1-8b-instruct-snapkv", ratio=0.25, chunk=2048,
             pool=147_456, shapes=((1, 16_384), (16, 8_192), (64, 2_048)), prefill=16_384, steps=32, reps=3,
-            vocab=128_000, max_bs=64)
+            vocab=128_000, max_bs=64, workload=Workload())
 QUICK = dict(model="tiny-llama", reference=None, ratio=0.25, chunk=64, pool=4096, shapes=((1, 256), (4, 128)),
-             prefill=256, steps=8, reps=2, vocab=500, max_bs=8)
+             prefill=256, steps=8, reps=2, vocab=500, max_bs=8,
+             workload=Workload(sessions=6, turns=2, first=128, user=64, answer=8, vocab=500))
 
 
 def plan(work: str, quick: bool, kv_dtype: str | None = None) -> tuple[dict, list[Server]]:
@@ -107,12 +113,13 @@ def pool_facts(url: str) -> dict:
 
 
 def run(work: str, log_dir: str, port: int, cuda: bool, quick: bool, deadline: float,
-        kv_dtype: str | None = None) -> dict:
-    """Start the servers, then decode steps per shape and prefill, while the deadline allows."""
+        kv_dtype: str | None = None, multi: bool = True) -> dict:
+    """Start the servers, then decode steps per shape, prefill and the multi-turn workload, while
+    the deadline allows."""
     p, specs = plan(work, quick, kv_dtype)
     shapes = p["shapes"][1:2] if kv_dtype and not quick else p["shapes"]
     rng = np.random.default_rng(11)
-    result = {"sizes": {k: v for k, v in p.items()}, "servers": [s.name for s in specs], "decode": [], "skipped": []}
+    result = {"sizes": {k: (vars(v) if isinstance(v, Workload) else v) for k, v in p.items()}, "servers": [s.name for s in specs], "decode": [], "skipped": []}
     with Fleet(specs, port, log_dir, cuda) as fleet:
         result["ready_s"] = fleet.start(min(420.0, deadline - time.time()))
         result["failed_to_start"] = fleet.failed
@@ -132,4 +139,18 @@ def run(work: str, log_dir: str, port: int, cuda: bool, quick: bool, deadline: f
         else:
             result["skipped"].append("prefill: out of time")
         result["pools"] = {n: pool_facts(u) for n, u in urls.items()}
+        if multi and time.time() < deadline - 120:
+            result["multiturn"] = multi_turn(urls, p["workload"])
+        elif multi:
+            result["skipped"].append("multi-turn: out of time")
     return result
+
+
+def multi_turn(urls: dict[str, str], w: Workload) -> dict:
+    """The workload on each server in turn, from an empty tree (the others idle meanwhile)."""
+    out = {"workload": vars(w)}
+    for name, url in urls.items():
+        call(url + "/flush_cache")
+        out[name] = multiturn.run(url, w)
+        out[name]["pool_after"] = pool_facts(url)
+    return out
