@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
-source launch/gpu_kit/install.sh || exit 1
+source launch/gpu_kit/install.sh /tmp/tangram_kit || exit 1   # an explicit argument: a sourced file sees ours otherwise
 # the sgl_kernel stand-in (tangram_sglang/gpu_compat) carries no sglang-kernel metadata to check
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader || true

@@ -41,7 +41,7 @@ class Server:
         out = ["--skip-tokenizer-init", "--max-total-tokens", str(self.pool_tokens), "--log-level", "warning"]
         if cuda:
             out += ["--dtype", self.dtype, "--sampling-backend", "pytorch", "--mem-fraction-static", "0.88",
-                    "--cuda-graph-max-bs", str(self.max_bs)]
+                    "--cuda-graph-max-bs-decode", str(self.max_bs)]
             if self.profile is None:
                 out += ["--attention-backend", "triton"]
         else:

@@ -252,6 +252,11 @@ CUDA_PATH = textwrap.dedent("""
     assert triton_backend.is_arch_support_pdl() is True
     assert get_scalar_types()[0].__name__ == "MockScalarType"
     assert custom_all_reduce_ops.IS_CUSTOM_AR_AVAILABLE is False
+    # Llama / Qwen MLPs import the SM100 dual GEMM unguarded (it imports CuTe DSL, absent here): the stand-in's
+    # module answers as the real one does on a GPU before SM100 (this import failed on an H200)
+    from sglang.kernels.ops.gemm.cutedsl_dual_gemm import DualGemmQuantMode, can_use_dual_gemm
+    assert not can_use_dual_gemm(1, 4096, 14336, DualGemmQuantMode.UNQUANT)
+    assert DualGemmQuantMode.UNQUANT.is_quantized is False and DualGemmQuantMode.DYNAMIC_PER_TOKEN.is_dynamic
     x, r = torch.randn(4, 54), torch.randn(4, 54)
     for norm in (layernorm.RMSNorm(54), layernorm.GemmaRMSNorm(54), layernorm.Gemma3RMSNorm(54)):
         norm.weight.data.normal_()

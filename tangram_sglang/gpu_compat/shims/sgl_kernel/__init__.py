@@ -21,7 +21,7 @@ absent (ImportError, so SGLang's own fallback runs):
   and every other submodule
 """
 
-from . import elementwise, kvcacheio, memory, moe, quantization, sampling, utils  # noqa: F401 (submodules)
+from . import elementwise, kvcacheio, memory, moe, quantization, sampling, sm100_only, utils  # noqa: F401
 from ._missing import stand_in_getattr
 from .elementwise import (
     fused_add_rmsnorm,
@@ -37,6 +37,7 @@ from .moe import moe_align_block_size, moe_sum, moe_sum_reduce
 from .sampling import top_k_renorm_prob, top_k_renorm_probs, top_p_renorm_prob, top_p_renorm_probs
 
 __version__ = "0.0.0+tangram.gpu.compat"
+sm100_only.install()  # SM100-only modules SGLang imports unguarded on CUDA (Llama/Qwen MLPs' dual GEMM)
 # Submodules are imported above: a package __getattr__ would otherwise answer ``from sgl_kernel import
 # utils`` with a placeholder. The absent submodules are absent as attributes too.
 __getattr__ = stand_in_getattr(__name__, absent=frozenset({"scalar_type", "allreduce", "flash_attn"}))
