@@ -41,9 +41,11 @@ def _git(*args: str) -> str | None:
 
 def commit() -> str:
     """Short hash of HEAD, ``-dirty`` when the tree differs from it outside benchmarks/results/."""
+    if os.environ.get("TANGRAM_COMMIT"):  # a copy on a lent GPU machine: its .git need not be the sender's
+        return os.environ["TANGRAM_COMMIT"]
     head = _git("rev-parse", "--short", "HEAD")
-    if head is None:  # a copy without .git (a lent GPU machine): the caller names the commit it sent
-        return os.environ.get("TANGRAM_COMMIT", "unknown")
+    if head is None:
+        return "unknown"
     changes = _git("status", "--porcelain", "--untracked-files=normal", "--", ".", ":(exclude)benchmarks/results")
     return head + ("-dirty" if changes else "")
 

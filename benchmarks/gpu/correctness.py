@@ -116,8 +116,9 @@ def check_arch(arch: str, fleet: Fleet, specs: list[Server]) -> dict:
             row[label] = {t: agreement(ra[t], rb[t]) for t in ("turn1", "turn2")}
     try:
         refs = references(arch, specs[0].model, batch, next(s.profile for s in specs if s.name.endswith("t0.4")))
-        if f"{arch}-stock" in runs:
-            row["stock vs HF (CPU)"] = agreement(runs[f"{arch}-stock"]["turn1"], refs["hf"])
+        for name in ("stock", "t1.0"):
+            if f"{arch}-{name}" in runs:
+                row[f"{name} vs HF (CPU)"] = agreement(runs[f"{arch}-{name}"]["turn1"], refs["hf"])
         if "oracle" in refs and f"{arch}-t0.4" in runs:
             row["t0.4 vs oracle (CPU)"] = agreement(runs[f"{arch}-t0.4"]["turn1"], refs["oracle"])
     except Exception as exc:

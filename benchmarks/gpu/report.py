@@ -15,6 +15,8 @@ NOTE = ("Stock SGLang runs its own Triton attention backend and the pytorch samp
 def render(result: dict) -> str:
     lines = ["# SGLang with a profile on a GPU", "", markdown_line(result["stamp"]), "",
              f"Environment: {_env(result.get('environment', {}))}", "", NOTE if result.get("cuda") else CPU_NOTE, ""]
+    if result.get("notes"):
+        lines += [f"- {note}" for note in result["notes"]] + [""]
     if "correctness" in result:
         lines += _correctness(result["correctness"])
     for stage in ("speed", "fp8"):
@@ -53,7 +55,7 @@ def _correctness(c: dict) -> list[str]:
     if not c.get("archs"):
         return lines
     cols = ["t1.0 vs stock", "t1.0 eager vs stock", "t1.0 graphs vs eager", "t0.4 graphs vs eager",
-            "stock vs HF (CPU)", "t0.4 vs oracle (CPU)"]
+            "stock vs HF (CPU)", "t1.0 vs HF (CPU)", "t0.4 vs oracle (CPU)"]
     lines += ["| model | " + " | ".join(cols) + " | turn-2 tokens from the tree | integrity | errors |",
               "|---" * (len(cols) + 4) + "|"]
     for row in c["archs"]:
