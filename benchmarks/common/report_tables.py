@@ -415,6 +415,18 @@ def kv_read_bytes(workload: str, batch: int, ctx: int, elem: int) -> int:
 
 
 GEMMA_THROUGHPUT = ("concurrency_gemma_long", "concurrency_gemma_long_6k")   # Gemma-3-270m at two pool sizes
+def gpu_served_headline(name: str) -> str:
+    """Per model, the sequences a 1.0 profile shares with stock and a compressing one with its eager run and
+    the dense oracle, and whether the speed stages ran."""
+    data = load(name)
+    cell = lambda a: "-" if not a else f"{a['turn1']['equal']}/{a['turn1']['of']}" if "turn1" in a else f"{a['equal']}/{a['of']}"
+    parts = [f"{r['arch']}: 1.0 = stock {cell(r.get('t1.0 vs stock'))}, graphs = eager {cell(r.get('t0.4 graphs vs eager'))}"
+             + (f", oracle {cell(r['t0.4 vs oracle (CPU)'])}" if r.get("t0.4 vs oracle (CPU)") else "")
+             for r in data.get("correctness", {}).get("archs", [])]
+    ran = [s for s in ("speed", "fp8") if data.get(s, {}).get("decode")]
+    return "; ".join(parts) + ("; speed measured" if ran else "; served speed not measured yet")
+
+
 GPU_DECODE = "timing/gpu_decode_nvidia-h100-80gb-hbm3.json"   # the newest GPU run (the current kernels)
 
 
@@ -961,6 +973,9 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                                    f"({r['workload'].split('-')[0]}, {r['kv']} pages)"
                                    for r in load("timing/gpu_decode_nvidia-h200.json")["rows"] if r["batch"] == 16),
                                None),
+    "gpu_served_nvidia-h200": ("SGLang with a profile served on an NVIDIA H200 (the GPU kit, stock on its Triton backend): "
+                               "tiny random Llama / Qwen3 / Gemma 3, greedy tokens against stock, HF, eager and the "
+                               "dense oracle", lambda: gpu_served_headline("serving/gpu_served_nvidia-h200.json"), None),
     "triton_tune_nvidia-h200": ("Launch options of the Triton decode kernel on an NVIDIA H200 (BLOCK_N, warps, stages)",
                                 lambda: "served launch / best launch: " + ", ".join(
                                     r[-1] for r in triton_launch_rows()), None),

@@ -13,8 +13,9 @@ from benchmarks.common.paths import ROOT
 from benchmarks.fidelity.settings import ORACLE, base_setting
 from benchmarks.fidelity.store import digest
 
-# package files that cannot change an answer (offline tools, process helpers): not part of any version
-OFFLINE = ("/calibration/", "/cpu_compat/", "calibrate.py", "reference_import.py", "uniform_profile.py", "compatibility.py",
+# package files that cannot change an answer (offline tools, process helpers, the stand-ins only a lent
+# GPU machine puts on the path): not part of any version
+OFFLINE = ("/calibration/", "/cpu_compat/", "/gpu_compat/", "calibrate.py", "reference_import.py", "uniform_profile.py", "compatibility.py",
            "server_process.py")
 NOT_SERVED = OFFLINE + ("/oracle/",)  # the dense oracle is a reference the server never imports
 # the kvpress peer's version: these two files' contents (their place in the tree does not count)

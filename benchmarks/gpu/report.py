@@ -22,7 +22,7 @@ def render(result: dict) -> str:
     for stage in ("speed", "fp8"):
         if stage in result:
             lines += _speed(stage, result[stage])
-    if "wall_s" in result:
+    if result.get("wall_s") is not None:
         lines.append(f"Whole run: {result['wall_s']} s.")
     return "\n".join(lines) + "\n"
 
@@ -125,3 +125,20 @@ def _pool(p: dict) -> str:
         return (f"{p['pages_total']} pages, {gib:.2f} GiB, {p.get('kv_dtype')}, saved {p.get('saved_vs_full_kv')}, "
                 f"integrity {p.get('integrity')}")
     return f"{p.get('max_total_num_tokens')} tokens"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Render a GPU run's JSON (e.g. benchmarks/results/serving/gpu_served_*.json) to the Markdown beside it."""
+    import argparse
+    import json
+    import pathlib
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("json", nargs="+")
+    for path in map(pathlib.Path, ap.parse_args(argv).json):
+        path.with_suffix(".md").write_text(render(json.loads(path.read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
