@@ -57,6 +57,8 @@ _tangram_kit_main() (
     tar -xJf "$kit_dir/kit.tar.xz" -C "$scratch/partial"
     mv "$scratch/partial/site" "$scratch/site"
     rmdir "$scratch/partial"
+    # bytecode once, on every core: a dozen servers starting together would each compile SGLang otherwise
+    "$py" -m compileall -q -j 0 "$scratch/site" >/dev/null 2>&1 || say "warning: compileall failed (servers compile on import)"
     echo "$digest" > "$scratch/site/.kit-sha256"
     say "unpacked kit ${digest:0:12} into $scratch/site ($(du -sm "$scratch/site" | cut -f1) MB)"
   fi
