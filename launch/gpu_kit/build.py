@@ -135,11 +135,8 @@ def plugin_dist_info(site: str) -> str:
 
 
 def sha256(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def pack(site: str, dest: str) -> None:
