@@ -41,3 +41,40 @@ def test_report_names_failures_and_skips():
     assert "ImportError: boom" in text and "out of memory" in text and "Skipped: out of time" in text
     assert "6/7 / 7/7" in text
     assert "llama-t0.4: ['ok', 'bad page']" in text and "llama-stock" not in text.split("| integrity |")[1]
+
+
+def _parse_as_sglang(args: list[str]):
+    """SGLang 0.5.23's own launch_server parser (abbreviations allowed, as `sglang serve` has it) with the
+    --tangram-* flags: an unknown or ambiguous option exits."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from tangram_sglang.sglang import server_args
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    if not any("--tangram-profile" in a.option_strings for a in parser._actions):
+        server_args.add_cli_args(None, parser)
+    return parser.parse_args(["--model-path", "/m", *args])
+
+
+def test_every_gpu_server_launch_line_parses(tmp_path):
+    """The 8B plan's servers (stock, the 1.0 control, the reference profile; FP8) and the tiny correctness
+    servers: each launch line parses under SGLang's own parser (an ambiguous flag stopped every server on
+    the first GPU call), its profile loads with the chunk the plan set and matches the model's shape."""
+    from benchmarks.gpu import correctness, speed
+    from tangram_sglang.profile import ModelShape, load_profile
+
+    _, full = speed.plan(str(tmp_path), quick=False)
+    _, fp8 = speed.plan(str(tmp_path), quick=False, kv_dtype="fp8_e4m3")
+    tiny = correctness.servers("llama", str(tmp_path))
+    assert [s.name for s in full] == ["stock", "t1.0", "t0.25"] and len(fp8) == 2
+    for spec in full + fp8 + tiny:
+        profile = ["--tangram-profile", spec.profile] if spec.profile else []   # as ServerProcess adds it
+        parsed = _parse_as_sglang(spec.args(cuda=True) + profile)
+        assert parsed.max_total_tokens == spec.pool_tokens and parsed.tangram_ratio == spec.ratio
+        if spec.profile:
+            assert load_profile(spec.profile).model == ModelShape.from_model_path(spec.model)
+    assert load_profile(full[2].profile).calibration.chunk_size == 2048
+    assert load_profile(full[1].profile).heads_per_group == load_profile(full[2].profile).heads_per_group
