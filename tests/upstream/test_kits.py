@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import unittest
 
+import sglang.test.kits.basic_scheduler_stress_kit as stress_kit
 from conftest import TARGET  # noqa: E402
 from sglang.test.kits.abort_timeout_kit import AbortAllMixin
 from sglang.test.kits.basic_api_contract_kit import BasicAPIContractMixin
@@ -28,6 +29,12 @@ class TestAPIContract(BasicAPIContractMixin, unittest.TestCase):
 
 class TestDecodeCorrectness(BasicDecodeCorrectnessMixin, unittest.TestCase):
     pass
+
+
+# The kit's 120 s per request is sized for a GPU: its ~8K-token prompt takes about that long to prefill
+# on one of this CPU's two cores while the other lane runs (it timed out twice at 120 s; the profile's
+# 512-token prefill batches are issue 49's). A CPU knob like the others here: the assertions stay the kit's.
+stress_kit._REQUEST_TIMEOUT = 360
 
 
 class TestSchedulerStress(BasicSchedulerStressMixin, unittest.TestCase):
