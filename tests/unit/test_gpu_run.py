@@ -69,7 +69,8 @@ def test_every_gpu_server_launch_line_parses(tmp_path):
     _, full = speed.plan(str(tmp_path), quick=False)
     _, fp8 = speed.plan(str(tmp_path), quick=False, kv_dtype="fp8_e4m3")
     tiny = correctness.servers("llama", str(tmp_path))
-    assert [s.name for s in full] == ["stock", "t1.0", "t0.25"] and len(fp8) == 2
+    assert [s.name for s in full] == ["stock", "t1.0", "t0.25"]
+    assert [s.name for s in fp8] == ["stock-fp8_e4m3", "t1.0-fp8_e4m3", "t0.25-fp8_e4m3"]
     for spec in full + fp8 + tiny:
         profile = ["--tangram-profile", spec.profile] if spec.profile else []   # as ServerProcess adds it
         parsed = _parse_as_sglang(spec.args(cuda=True) + profile)
