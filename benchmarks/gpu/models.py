@@ -4,6 +4,7 @@ travel), the paper models' configs under ``--load-format dummy``, and the profil
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -37,10 +38,48 @@ def tiny_model(arch: str, path: str) -> str:
     return path
 
 
-def dummy_model(name: str, path: str) -> str:
-    """A folder holding only ``configs/models/<name>/config.json``: enough for ``--load-format dummy``."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def kit_tokenizer() -> str:
+    """The tokenizer the GPU kit carries (``$TANGRAM_GPU_KIT/_tokenizers/smollm2``, launch/gpu_kit/build.py),
+    else the converted SmolLM2 of this machine's cache (launch/models.py)."""
+    kit = os.environ.get("TANGRAM_GPU_KIT")
+    if kit and os.path.exists(os.path.join(kit, "_tokenizers", "smollm2", "tokenizer.json")):
+        return os.path.join(kit, "_tokenizers", "smollm2")
+    from benchmarks.common.models import ensure_model
+
+    return ensure_model("smollm2")
+
+
+def tokenizer_vocab(tokenizer: str) -> tuple[int, dict[str, int]]:
+    """(vocabulary size, special-token ids by role) of a tokenizer folder, read from its JSON files."""
+    with open(os.path.join(tokenizer, "tokenizer.json")) as f:
+        tok = json.load(f)
+    ids = dict(tok["model"]["vocab"]) | {a["content"]: a["id"] for a in tok.get("added_tokens", [])}
+    with open(os.path.join(tokenizer, "tokenizer_config.json")) as f:
+        cfg = json.load(f)
+    roles = {role: ids[cfg[f"{role}_token"]] for role in ("bos", "eos", "pad") if cfg.get(f"{role}_token") in ids}
+    return max(ids.values()) + 1, roles
+
+
+def dummy_model(config: str, path: str, tokenizer: str | None = None, **overrides) -> str:
+    """A folder for ``--load-format dummy``: ``config`` (a configs/models name or a config.json path) with
+    ``overrides``; with ``tokenizer``, its files too and the config's vocabulary and special ids made
+    the tokenizer's (the model keeps every shape the KV cache and attention see)."""
+    src = config if config.endswith(".json") else os.path.join(CONFIGS, config, "config.json")
+    with open(src) as f:
+        cfg = json.load(f) | overrides
+    if tokenizer:
+        vocab, special = tokenizer_vocab(tokenizer)
+        cfg.update(vocab_size=vocab, **{f"{role}_token_id": i for role, i in special.items()})
+        for name in TOKENIZER_FILES:
+            if os.path.exists(os.path.join(tokenizer, name)):
+                os.makedirs(path, exist_ok=True)
+                shutil.copy(os.path.join(tokenizer, name), os.path.join(path, name))
     os.makedirs(path, exist_ok=True)
-    shutil.copy(os.path.join(CONFIGS, name, "config.json"), os.path.join(path, "config.json"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
     return path
 
 

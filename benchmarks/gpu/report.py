@@ -82,8 +82,8 @@ def _speed(stage: str, s: dict) -> list[str]:
         lines += _table(row["step_ms"])
     if s.get("prefill_s"):
         lines += [f"Prefill of a fresh {sizes.get('prefill')}-token prompt (s):", ""] + _table(s["prefill_s"])
-    if s.get("multiturn"):
-        lines += _multiturn(s["multiturn"])
+    if s.get("bench_serving"):
+        lines += _bench(s["bench_serving"])
     for why in s.get("skipped", []) if isinstance(s.get("skipped"), list) else []:
         lines.append(f"- skipped: {why}")
     if s.get("pools"):
@@ -91,22 +91,31 @@ def _speed(stage: str, s: dict) -> list[str]:
     return lines
 
 
-def _multiturn(m: dict) -> list[str]:
+def _bench(m: dict) -> list[str]:
     w = m["workload"]
-    lines = [f"Multi-turn: {w['sessions']} sessions x {w['turns']} turns ({w['first']} tokens, then {w['user']} more "
-             f"per turn, {w['answer']}-token answers), each server from an empty tree, one run:", "",
-             "| server | turns/s | vs stock | TTFT median / p99 (s) | latency median / p99 (s) | history reused | "
-             "prefilled tokens | errors |", "|---|---|---|---|---|---|---|---|"]
-    base = m.get("stock") or next((v for k, v in m.items() if k.startswith("stock")), None)
+    lines = [f"Multi-turn sglang.bench_serving (generated-shared-prefix): {w['groups']} system prompts of "
+             f"{w['system_len']} tokens x {w['per_group']} conversations x {w['turns']} turns of {w['question_len']}-token "
+             f"questions, {w['output_len']}-token replies fed back, at most {w['max_concurrency']} in flight; each "
+             "server alone from an empty tree, one run:", "",
+             "| server | requests/s | vs stock | TTFT median / p99 (ms) | TPOT median / p99 (ms) | cache hits | "
+             "completed | wall (s) |", "|---|---|---|---|---|---|---|---|"]
+    base = next((v for k, v in m.items() if k.startswith("stock") and isinstance(v, dict)), None)
     for name, r in m.items():
         if name == "workload":
             continue
-        rel = f"{r['turns_per_s'] / base['turns_per_s']:.2f}x" if base and base.get("turns_per_s") else "-"
-        reused = r["cached_tokens"] / r["prompt_tokens"] if r["prompt_tokens"] else 0.0
-        lines.append(f"| {name} | {r['turns_per_s']:.3f} | {rel} | {r['ttft_s'].get('median')} / {r['ttft_s'].get('p99')} "
-                     f"| {r['latency_s'].get('median')} / {r['latency_s'].get('p99')} | {100 * reused:.0f}% "
-                     f"| {r['prefilled_tokens']} | {r['error_count']} |")
+        if r.get("error"):
+            lines.append(f"| {name} | failed: `{r['error'].strip().splitlines()[-1][:200]}` |||||||")
+            continue
+        rel = (f"{r['request_throughput'] / base['request_throughput']:.2f}x"
+               if base and base.get("request_throughput") else "-")
+        lines.append(f"| {name} | {r['request_throughput']:.3f} | {rel} | {_ms(r, 'ttft')} | {_ms(r, 'tpot')} "
+                     f"| {r.get('cache_hit_rate_pct')}% | {r.get('completed')} | {r.get('wall_s')} |")
     return lines + [""]
+
+
+def _ms(r: dict, key: str) -> str:
+    med, p99 = r.get(f"median_{key}_ms"), r.get(f"p99_{key}_ms")
+    return f"{med:.0f} / {p99:.0f}" if med is not None and p99 is not None else "-"
 
 
 def _table(rows: dict) -> list[str]:

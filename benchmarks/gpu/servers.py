@@ -34,11 +34,14 @@ class Server:
     max_bs: int = 16
     load_format: str | None = None
     kv_dtype: str | None = None
+    tokenizer: bool = False   # the model folder holds one: served text, the OpenAI API, bench_serving
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     def args(self, cuda: bool) -> list[str]:
         """launch_server arguments past --model-path (ServerProcess puts its CPU defaults first; later wins)."""
-        out = ["--skip-tokenizer-init", "--max-total-tokens", str(self.pool_tokens), "--log-level", "warning"]
+        out = ["--max-total-tokens", str(self.pool_tokens), "--log-level", "warning", "--enable-cache-report"]
+        if not self.tokenizer:
+            out.insert(0, "--skip-tokenizer-init")
         if cuda:
             out += ["--dtype", self.dtype, "--sampling-backend", "pytorch", "--mem-fraction-static", "0.88",
                     "--cuda-graph-max-bs-decode", str(self.max_bs)]

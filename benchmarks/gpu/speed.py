@@ -10,9 +10,15 @@ same pool bytes; all run at once and are timed in turn, repetition by repetition
   tree), then per repetition times the batch with 1 new token (T1) and with M + 1 (T2): the step
   is (T2 - T1) / M, prefill and the HTTP round trip cancelled out (benchmarks.timing.decode_step).
 - Prefill: a fresh prompt (nothing cached) with 1 new token, per repetition a new one per server.
-- Multi-turn (benchmarks.gpu.multiturn): 48 sessions x 3 turns (4,096 tokens, then 1,024 more per
-  turn, 64-token answers) on each server in turn, from an empty tree: the pool holds about half of
-  the histories' full KV, so memory binds for stock.
+- Multi-turn: SGLang's own bench_serving, generated-shared-prefix in multi-turn mode
+  (benchmarks.gpu.bench): 16 system prompts of 1,024 tokens x 4 conversations x 3 turns of
+  1,024-token questions and 64-token replies fed back, all at once, each server alone from an empty
+  tree: the histories' full KV is about 1.5x the pool, so memory binds for stock.
+
+Every model takes the kit's tokenizer (SmolLM2's 49,152-token vocabulary; nothing the KV cache or
+attention sees changes). Stock is served with ``--schedule-policy lpm``, its best policy for
+multi-turn reuse on the CPU (benchmarks/results/serving/bench_serving.md); Tangram with its own
+waiting-queue refresh.
 """
 
 from __future__ import annotations
@@ -23,38 +29,44 @@ import time
 
 import numpy as np
 
-from benchmarks.common.client import call, get_json
-from benchmarks.gpu import multiturn
-from benchmarks.gpu.models import compressing_file, dummy_model, reference_file, tiny_model, uniform_file
-from benchmarks.gpu.multiturn import Workload
+from benchmarks.common.client import get_json
+from benchmarks.gpu import bench
+from benchmarks.gpu.bench import Workload
+from benchmarks.gpu.models import (compressing_file, dummy_model, kit_tokenizer, reference_file, tiny_model,
+                                   tokenizer_vocab, uniform_file)
 from benchmarks.gpu.servers import Fleet, Server
 from benchmarks.timing.decode_step import batch_seconds
 
 FULL = dict(model="llama-3.1-8b-instruct", reference="llama-3.1-8b-instruct-snapkv", ratio=0.25, chunk=2048,
             pool=147_456, shapes=((1, 16_384), (16, 8_192), (64, 2_048)), prefill=16_384, steps=32, reps=3,
-            vocab=128_000, max_bs=64, workload=Workload())
+            max_bs=64, workload=Workload())
 QUICK = dict(model="tiny-llama", reference=None, ratio=0.25, chunk=64, pool=4096, shapes=((1, 256), (4, 128)),
-             prefill=256, steps=8, reps=2, vocab=500, max_bs=8,
-             workload=Workload(sessions=6, turns=2, first=128, user=64, answer=8, vocab=500))
+             prefill=256, steps=8, reps=2, max_bs=8,
+             workload=Workload(groups=2, per_group=3, system_len=128, question_len=64, output_len=8, turns=2,
+                               max_concurrency=6))
 
 
 def plan(work: str, quick: bool, kv_dtype: str | None = None) -> tuple[dict, list[Server]]:
     """The run's sizes and its three servers (stock, Tangram 1.0, Tangram at the reference ratio)."""
-    p = QUICK if quick else FULL
+    p = dict(QUICK if quick else FULL)
+    tokenizer = kit_tokenizer()
+    p["vocab"] = tokenizer_vocab(tokenizer)[0]
     if quick:
-        model = tiny_model("llama", os.path.join(work, "tiny-llama"))
+        tiny = tiny_model("llama", os.path.join(work, "tiny-llama"))
+        model = dummy_model(os.path.join(tiny, "config.json"), os.path.join(work, "tiny-llama-tok"), tokenizer)
         comp = compressing_file(model, p["ratio"], os.path.join(work, "quick-comp.yaml"), chunk=p["chunk"])
         one = uniform_file(model, 1.0, os.path.join(work, "quick-1.0.yaml"), chunk_size=p["chunk"])
-        dtype, fmt = "float32", None
+        dtype = "float32"
     else:
-        model = dummy_model(p["model"], os.path.join(work, p["model"]))
+        model = dummy_model(p["model"], os.path.join(work, p["model"]), tokenizer)
         comp = reference_file(p["reference"], os.path.join(work, "reference.yaml"), p["chunk"])
         one = uniform_file(model, 1.0, os.path.join(work, "uniform-1.0.yaml"), heads_per_group=4,
                            parallel_capacity=132, chunk_size=p["chunk"])
-        dtype, fmt = "bfloat16", "dummy"
+        dtype = "bfloat16"
     tag = f"-{kv_dtype}" if kv_dtype else ""
-    base = dict(model=model, pool_tokens=p["pool"], dtype=dtype, max_bs=p["max_bs"], load_format=fmt, kv_dtype=kv_dtype)
-    servers = [Server(f"stock{tag}", **base), Server(f"t1.0{tag}", profile=one, ratio=1.0, **base),
+    base = dict(model=model, pool_tokens=p["pool"], dtype=dtype, max_bs=p["max_bs"], load_format="dummy",
+                kv_dtype=kv_dtype, tokenizer=True)
+    servers = [Server(f"stock{tag}", extra=("--schedule-policy", "lpm"), **base), Server(f"t1.0{tag}", profile=one, ratio=1.0, **base),
                Server(f"t{p['ratio']}{tag}", profile=comp, ratio=p["ratio"], **base)]
     return p, servers   # FP8 too keeps the 1.0 control: the gain splits into data plane and compression
 
@@ -117,7 +129,8 @@ def run(work: str, log_dir: str, port: int, cuda: bool, quick: bool, deadline: f
     p, specs = plan(work, quick, kv_dtype)
     shapes = p["shapes"][1:2] if kv_dtype and not quick else p["shapes"]
     rng = np.random.default_rng(11)
-    result = {"sizes": {k: (vars(v) if isinstance(v, Workload) else v) for k, v in p.items()}, "servers": [s.name for s in specs], "decode": [], "skipped": []}
+    result = {"sizes": {k: (vars(v) if isinstance(v, Workload) else v) for k, v in p.items()},
+              "servers": [s.name for s in specs], "decode": [], "skipped": []}
     with Fleet(specs, port, log_dir, cuda) as fleet:
         result["ready_s"] = fleet.start(min(420.0, deadline - time.time()))
         result["failed_to_start"] = fleet.failed
@@ -137,18 +150,9 @@ def run(work: str, log_dir: str, port: int, cuda: bool, quick: bool, deadline: f
         else:
             result["skipped"].append("prefill: out of time")
         result["pools"] = {n: pool_facts(u) for n, u in urls.items()}
-        if multi and time.time() < deadline - 120:
-            result["multiturn"] = multi_turn(urls, p["workload"])
+        if multi and time.time() < deadline - 90:
+            result["bench_serving"] = bench.run_all(urls, specs[0].model, p["workload"], deadline)
+            result["pools_after_bench"] = {n: pool_facts(u) for n, u in urls.items()}
         elif multi:
-            result["skipped"].append("multi-turn: out of time")
+            result["skipped"].append("bench_serving: out of time")
     return result
-
-
-def multi_turn(urls: dict[str, str], w: Workload) -> dict:
-    """The workload on each server in turn, from an empty tree (the others idle meanwhile)."""
-    out = {"workload": vars(w)}
-    for name, url in urls.items():
-        call(url + "/flush_cache")
-        out[name] = multiturn.run(url, w)
-        out[name]["pool_after"] = pool_facts(url)
-    return out

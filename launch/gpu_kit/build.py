@@ -5,7 +5,9 @@
 Downloads (pip download, cp312 manylinux x86-64, no deps) sglang and every wheel pinned in
 launch/gpu_kit/wheels.txt into .gpu_kit/cache/ (kept between builds), unpacks them into one
 site tree .gpu_kit/site/ (removed once packed), slims it (launch/gpu_kit/slim.py), adds a
-dist-info that makes SGLang's plugin discovery find tangram_sglang, and writes:
+dist-info that makes SGLang's plugin discovery find tangram_sglang, adds SmolLM2's tokenizer (the GPU
+run's dummy-weight models take its vocabulary, so sglang.bench_serving has real text to send;
+site/_tokenizers/smollm2, from the converted model launch/models.py caches), and writes:
 
     .gpu_kit/kit.tar.xz     the site tree (top folder site/), xz -9   } these two travel (the device
     .gpu_kit/SHA256SUMS     its sha256 (install.sh checks it)         } tool's carry), not the folder
@@ -36,6 +38,7 @@ OUT = os.path.join(ROOT, ".gpu_kit")
 CACHE = os.path.join(OUT, "cache")
 SITE = os.path.join(OUT, "site")
 KIT = "kit.tar.xz"
+TOKENIZER = ("smollm2", "SmolLM2-135M-Instruct", ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"))
 CARRY = ".gpu_kit/kit.tar.xz .gpu_kit/SHA256SUMS"
 SGLANG = ("sglang", "0.5.23")
 PY_VERSION = "3.12"
@@ -134,6 +137,22 @@ def plugin_dist_info(site: str) -> str:
     return os.path.basename(folder)
 
 
+def add_tokenizer(site: str) -> str:
+    """Copy the tokenizer files of TOKENIZER into site/_tokenizers/<key> (converting the model first
+    if the cache lacks it: launch/models.py); returns the folder relative to site."""
+    key, folder, files = TOKENIZER
+    cache = os.environ.get("TANGRAM_CACHE", os.path.expanduser("~/.cache/tangram_sglang"))
+    src = os.path.join(cache, "models", folder)
+    if not all(os.path.exists(os.path.join(src, f)) for f in files):
+        step(f"converting {key} for its tokenizer (launch/models.py) ...")
+        subprocess.run([sys.executable, os.path.join(ROOT, "launch", "models.py"), key], check=True)
+    rel = os.path.join("_tokenizers", key)
+    os.makedirs(os.path.join(site, rel), exist_ok=True)
+    for f in files:
+        shutil.copyfile(os.path.join(src, f), os.path.join(site, rel, f))
+    return rel
+
+
 def sha256(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -169,6 +188,8 @@ def main() -> None:
          f"site now {slim.tree_bytes(SITE) / 2**20:.1f} MiB")
     dist_info = plugin_dist_info(SITE)
     step(f"added {dist_info} (sglang.srt.plugins entry points)")
+    tokenizer = add_tokenizer(SITE)
+    step(f"added the tokenizer {tokenizer}/")
     kit = os.path.join(OUT, KIT)
     step("packing (xz -9) ...")
     pack(SITE, kit)
@@ -176,7 +197,7 @@ def main() -> None:
     with open(os.path.join(OUT, "SHA256SUMS"), "w") as f:
         f.write(f"{digest}  {KIT}\n")
     manifest = {
-        "python": PY_VERSION, "platforms": PLATFORMS, "plugin_dist_info": dist_info,
+        "python": PY_VERSION, "platforms": PLATFORMS, "plugin_dist_info": dist_info, "tokenizer": tokenizer,
         "wheels": [{"name": n, "version": v, "file": os.path.basename(wheels[(n, v)]),
                     "sha256": sha256(wheels[(n, v)]), "bytes": os.path.getsize(wheels[(n, v)])} for n, v in pins],
         "dropped": dropped, "site_bytes": slim.tree_bytes(SITE),
@@ -185,7 +206,7 @@ def main() -> None:
     write_json(os.path.join(OUT, "manifest.json"), manifest)
     artifacts = {name: os.path.getsize(os.path.join(OUT, name)) for name in (KIT, "SHA256SUMS", "manifest.json")}
     write_json(os.path.join(HERE, "manifest.json"), {
-        "artifacts": artifacts, "site_bytes": manifest["site_bytes"],
+        "artifacts": artifacts, "site_bytes": manifest["site_bytes"], "tokenizer": tokenizer,
         "wheels": {n: v for n, v in pins}, "kit_sha256": digest})
     shutil.rmtree(SITE)  # scratch: the archive is what travels
     step(f"wrote {os.path.relpath(kit, ROOT)} {artifacts[KIT] / 2**20:.2f} MiB (sha256 {digest[:16]}...), "

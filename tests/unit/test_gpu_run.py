@@ -79,3 +79,42 @@ def test_every_gpu_server_launch_line_parses(tmp_path):
             assert load_profile(spec.profile).model == ModelShape.from_model_path(spec.model)
     assert load_profile(full[2].profile).calibration.chunk_size == 2048
     assert load_profile(full[1].profile).heads_per_group == load_profile(full[2].profile).heads_per_group
+    stock = full[0].args(cuda=True)
+    assert stock[stock.index("--schedule-policy") + 1] == "lpm"   # stock's best multi-turn policy
+    for spec in full:   # the tokenizer travels: bench_serving sends text through the OpenAI API
+        assert "--skip-tokenizer-init" not in spec.args(cuda=True) and "--enable-cache-report" in spec.args(cuda=True)
+
+
+def test_dummy_model_takes_the_tokenizers_vocabulary_and_keeps_every_kv_shape(tmp_path):
+    import json
+    import os
+
+    from benchmarks.gpu.models import dummy_model, kit_tokenizer, tokenizer_vocab
+
+    tok = kit_tokenizer()
+    assert tokenizer_vocab(tok) == (49152, {"bos": 1, "eos": 2, "pad": 2})
+    path = dummy_model("llama-3.1-8b-instruct", str(tmp_path / "m"), tok)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    assert (cfg["vocab_size"], cfg["bos_token_id"], cfg["eos_token_id"]) == (49152, 1, 2)
+    shape = {k: cfg[k] for k in ("num_hidden_layers", "num_key_value_heads", "head_dim", "num_attention_heads")}
+    assert shape == {"num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": 128, "num_attention_heads": 32}
+    assert os.path.exists(os.path.join(path, "tokenizer.json"))
+    from transformers import AutoTokenizer   # what SGLang and bench_serving load from the folder
+
+    assert AutoTokenizer.from_pretrained(path).encode("hello world")[-1] < cfg["vocab_size"]
+    plain = dummy_model("llama-3.1-8b-instruct", str(tmp_path / "p"))
+    assert not os.path.exists(os.path.join(plain, "tokenizer.json"))
+
+
+def test_report_renders_bench_serving_rows_and_failures():
+    m = {"workload": {"groups": 2, "per_group": 3, "system_len": 128, "question_len": 64, "output_len": 8,
+                      "turns": 2, "max_concurrency": 6},
+         "stock": {"request_throughput": 2.0, "median_ttft_ms": 10.0, "p99_ttft_ms": 30.0, "median_tpot_ms": 5.0,
+                   "p99_tpot_ms": 9.0, "cache_hit_rate_pct": 40.0, "completed": 12, "wall_s": 6.0},
+         "t0.25": {"request_throughput": 5.0, "median_ttft_ms": 8.0, "p99_ttft_ms": 20.0, "median_tpot_ms": 5.0,
+                   "p99_tpot_ms": 9.0, "cache_hit_rate_pct": 70.0, "completed": 12, "wall_s": 2.4},
+         "t1.0": {"error": "bench_serving rc 1: Traceback\nValueError: no tokenizer"}}
+    text = "\n".join(report._bench(m))
+    assert "| t0.25 | 5.000 | 2.50x | 8 / 20 | 5 / 9 | 70.0% | 12 | 2.4 |" in text
+    assert "failed: `ValueError: no tokenizer`" in text
