@@ -6,8 +6,9 @@ the B requests), then release. Per virtual layer v the budget beta_v is drawn in
   tangram          RaggedKVCache, the served calls: admit (exact plan + reserve), prefill_chunk
                    (draw + slot ids), per decode step (batched) the capacity check
                    reserve_decode_step and decode_step, release. Vectorized over V = L x G with numpy.
-  tangram_tables   the above plus the views for the attention side, as served: flat slot ids of
-                   every chunk, DeviceBlockTables (here on CPU) loaded after every chunk, and its
+  tangram_tables   the above plus the views for the attention side, as served: the per-layer write
+                   slots of every chunk (torch work: device work on a GPU), DeviceBlockTables (here on CPU) brought up to date after every chunk (extend: a
+                   row's first chunk loads it whole, later ones send only their new pages), and its
                    decode (write slots and lengths from the step's opened pages) every step.
   compress_reclaim the same pool and block table, but no plan: each chunk allocates its
                    uncompressed length in every v, then, once compression is known, frees the
@@ -69,12 +70,12 @@ def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
     for r in rids:
         cache.admit(r, chunk_tokens=chunks, decode_tokens=decode)
     for n in chunks:
-        for r in rids:
-            w = cache.prefill_chunk(r, n)
-            if tables:
-                w.slot_locs
-        if tables:  # rows == rids; an extend loads its rows whole
-            dev.load(rids, rids, [cache.requests[r].pages for r in rids])
+        before = [cache.requests[r].pages.npages.copy() for r in rids] if tables else None
+        lens = np.stack([cache.requests[r].pages.lens for r in rids]) if tables else None
+        writes = [cache.prefill_chunk(r, n) for r in rids]
+        if tables:  # as served: rows == rids; a row's first extend loads it whole, later ones send the new
+            dev.extend(rids, rids, [cache.requests[r].pages for r in rids], before)   # pages; then the write
+            dev.chunk_slots(rids, lens, np.stack([w.counts for w in writes]))        # slots, torch work
     t1 = time.perf_counter()
     for _ in range(decode):
         if cache.reserve_decode_step(rids) != 0:

@@ -34,6 +34,19 @@ def build_layer_tables(rows: list[RequestPages], num_layers: int, num_groups: in
     return table.reshape(len(rows), num_layers, num_groups, width), lens.reshape(len(rows), num_layers, num_groups)
 
 
+def chunk_slots_reference(writes, keep: np.ndarray) -> list[np.ndarray]:
+    """Per layer, the flat slots a batch's kept K/V go to: int64, request by request, (group, slot)
+    within each (the host reference of serving/block_tables.DeviceBlockTables.chunk_slots).
+    keep int64 [B, L, G] the writes' counts."""
+    B, L, _ = keep.shape
+    flat = np.concatenate([w.kept_slots() for w in writes])
+    per = keep.sum(axis=2)                                          # [B, L]
+    layer = np.concatenate([np.repeat(np.arange(L), per[b]) for b in range(B)])
+    batch = np.repeat(np.arange(B), per.sum(axis=1))
+    order = np.argsort(layer * B + batch, kind="stable")            # layer-major, requests in order
+    return np.split(flat[order], np.cumsum(per.sum(axis=0))[:-1])
+
+
 def stack_chunk_writes(writes) -> tuple[np.ndarray, np.ndarray]:
     """ChunkWrite list -> (slot_locs int64 [B, L, G, K] -1 padded, counts int64 [B, L, G])."""
     k = max([w.slot_locs.shape[-1] for w in writes] + [0])

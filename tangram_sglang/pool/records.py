@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tangram_sglang.pool.request_pages import ArenaField, RequestPages, flat_slot_locs
+from tangram_sglang.pool.request_pages import ArenaField, RequestPages, div_mod, flat_slot_locs, ragged_index
 from tangram_sglang.pool.reservation import ReservationPlan
 from tangram_sglang.pool.segments import Segment
 
@@ -39,6 +39,14 @@ class ChunkWrite:
     @property
     def slot_locs(self) -> np.ndarray:
         return flat_slot_locs(self.pages, self.offset, self.counts, self.page_size)
+
+    def kept_slots(self) -> np.ndarray:
+        """The kept slots' flat ids, unpadded: int64 [counts.sum()], ordered by (l, g) then slot."""
+        P = self.page_size
+        counts = self.counts.reshape(-1)
+        v, j = ragged_index(counts)
+        col, within = div_mod(self.offset.reshape(-1)[v] + j, P)
+        return self.pages.reshape(counts.size, -1)[v, col].astype(np.int64) * P + within
 
 
 @dataclass(frozen=True, kw_only=True)

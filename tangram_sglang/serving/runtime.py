@@ -151,19 +151,15 @@ class TangramServing:
                 self.data.copy_pages(st.copy_src, st.copy_dst)
                 st.copy_src = st.copy_dst = None
         before = np.stack([self.cache.requests[rid].pages.lens for rid in rids]).astype(np.int32)  # [B, V]
+        npages = [self.cache.requests[rid].pages.npages.copy() for rid in rids]
         protect = [self.requests[rid].protect[len(self.cache.requests[rid].chunk_ends)] for rid in rids]
         writes = [self.cache.prefill_chunk(rid, int(n)) for rid, n in zip(rids, ext_lens)]
         keep = np.stack([w.counts for w in writes])                     # [B, L, G]
-        locs = [w.slot_locs for w in writes]                            # [L, G, k_b] each
         dev = self.data.k_pages.device
-        out = []
-        for layer in range(self.spec.num_layers):
-            parts = [loc[layer][np.arange(loc.shape[-1])[None, :] < kb[layer][:, None]]
-                     for loc, kb in zip(locs, keep)]
-            out.append(torch.from_numpy(np.concatenate(parts)).to(dev))
         # The tables after the chunk's pages were drawn, read only up to the slots cached before it.
         rows, host = self._rows(rids), [self.cache.requests[rid].pages for rid in rids]
-        self.tables.load(rows, rids, host)
+        self.tables.extend(rows, rids, host, npages)   # the chunk's new pages only (rows already mirrored)
+        out = self.tables.chunk_slots(rows, before, keep)   # the write slots, computed on the device
         self.decode_rows.changed()
         width = max(int(p.npages.max(initial=0)) for p in host)
         table, lens = self.tables.view(rows, max(width, 1), torch.from_numpy(before).to(dev))

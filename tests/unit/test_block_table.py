@@ -81,3 +81,42 @@ def test_stack_chunk_writes():
     assert locs.shape == (2, 1, 2, 2)
     assert locs[1].tolist() == [[[1, -1], [2, -1]]]
     assert counts.tolist() == [[[2, 1]], [[1, 1]]]
+
+
+def test_chunk_slots_match_the_padded_slot_locs_layer_by_layer():
+    """The served per-layer write slots of a prefill chunk (DeviceBlockTables.chunk_slots, computed from
+    the device tables after extend) and their host reference (chunk_slots_reference, from kept_slots)
+    equal the padded slot_locs masked to each (layer, group)'s count, request by request."""
+    import torch
+
+    from tangram_sglang.pool import PoolSpec, RaggedKVCache
+    from tangram_sglang.pool.block_table import chunk_slots_reference
+    from tangram_sglang.serving.block_tables import DeviceBlockTables
+
+    rng = np.random.default_rng(4)
+    for P in (1, 3, 16):
+        L, G = 4, 3
+        spec = PoolSpec(num_layers=L, num_groups=G, heads_per_group=1, head_dim=1, page_size=P, num_pages=20000)
+        cache = RaggedKVCache(spec, rng.uniform(0.0, 1.0, (L, G)))
+        tables = DeviceBlockTables(L, G, P, "cpu")
+        rids = [f"r{i}" for i in range(5)]
+        rows = {r: 7 - i for i, r in enumerate(rids)}
+        plans = {r: rng.integers(1, 90, rng.integers(1, 4)).tolist() for r in rids}
+        for r in rids:
+            cache.admit(r, chunk_tokens=plans[r], decode_tokens=3)
+        for k in range(3):
+            batch = [r for r in rids if k < len(plans[r])]
+            before = np.stack([cache.requests[r].pages.lens for r in batch])
+            npages = [cache.requests[r].pages.npages.copy() for r in batch]
+            writes = [cache.prefill_chunk(r, plans[r][k]) for r in batch]
+            keep = np.stack([w.counts for w in writes])
+            tables.extend([rows[r] for r in batch], batch, [cache.requests[r].pages for r in batch], npages)
+            got = tables.chunk_slots([rows[r] for r in batch], before, keep)
+            ref = chunk_slots_reference(writes, keep)
+            for layer in range(L):
+                want = np.concatenate([w.slot_locs[layer][np.arange(w.slot_locs.shape[-1])[None, :] < w.counts[layer][:, None]]
+                                       for w in writes]).astype(np.int64)
+                assert np.array_equal(ref[layer], want)
+                assert torch.equal(got[layer], torch.from_numpy(want))
+            for w in writes:
+                assert np.array_equal(w.kept_slots(), w.slot_locs[w.slot_locs >= 0])
