@@ -231,7 +231,7 @@ def run(args) -> dict:
                     turn = text[:h] + text[h + j * args.new_tokens: h + (j + 1) * args.new_tokens]
                     for (name, _, _), srv in zip(plan, procs):
                         spy_it = args.spy and rep == args.repeats - 1 and h == max(args.histories) and d == 0
-                        path = f"/tmp/prefill-history-{name}.spy.txt"
+                        path = f"/tmp/prefill-history-{args.port}-{name}.spy.txt"
                         with Spy(args.spy if spy_it else None, srv.proc.pid, path):
                             r = time_turn(srv.url, turn, d, side)
                         if spy_it:
