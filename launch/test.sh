@@ -20,7 +20,8 @@ if [ $# -gt 0 ]; then
   exec "${PYTEST[@]}" --durations=15 "$@"
 fi
 rc=0
-LANE_B=(tests/model/test_calibration_cli.py tests/model/test_static_vs_dynamic.py tests/model/test_serving_reference.py)
+LANE_B=(tests/model/test_calibration_cli.py tests/model/test_static_vs_dynamic.py tests/model/test_serving_reference.py
+        tests/model/test_decode_graph.py)
 lane() {  # lane LOG ARGS... [| ARGS...]: one pytest run per "|"-separated argument list, in turn, into LOG
   local log=$1 status=0 args=()
   shift

@@ -390,6 +390,16 @@ def prefill_table() -> list[str]:
                   for i, (r, q) in enumerate(zip(d["rows"], ratios))])
 
 
+def prefill_history_table(name: str = "prefill_history_smollm2") -> list[str]:
+    """ms per new token after a cached history, each server against stock in the same repeat."""
+    rows = load(f"timing/{name}.json")["summary"]
+    return table(["history", "decoding beside", "server", "ms per new token, median [min, max]", "vs stock, median [range]"],
+                 [[f"{r['history']:,}", r["decoding"], r["server"],
+                   f"{r['ms_per_token'][0]:.2f} [{r['ms_per_token'][1]:.2f}, {r['ms_per_token'][2]:.2f}]",
+                   "-" if r["server"] == "stock" else f"{times(r['vs_stock'][0])} [{spread(r['vs_stock'][1:])}]"]
+                  for r in rows])
+
+
 def decode_step_table() -> list[str]:
     d = load("timing/decode_step.json")
     ratios = per_run_ratios(d["rows"], "steps_ms")
@@ -466,10 +476,10 @@ def triton_launch_rows() -> list[list]:
 
 
 def control_plane_table() -> list[str]:
-    rows = [[r["L"], r["G"], f"{r['tangram'][0]:,.0f}", f"{r['compress_reclaim'][0]:,.0f}",
+    rows = [[r["L"], r["G"], f"{r['tangram'][0]:,.0f}", f"{r['tangram_tables'][0]:,.0f}", f"{r['compress_reclaim'][0]:,.0f}",
              f"{r['sglang_paged'][0]:,.0f}"] for r in load("timing/control_plane.json")["rows"]]
-    return table(["layers", "groups", "exact reservation", "compress-then-reclaim", "SGLang's token allocator"],
-                 rows)
+    return table(["layers", "groups", "exact reservation", "with the device tables (torch, CPU here)",
+                  "compress-then-reclaim", "SGLang's token allocator"], rows)
 
 
 def control_decode_table() -> list[str]:
@@ -703,6 +713,7 @@ DOC_BLOCKS = {
     "pressure": pressure_table,
     "soak": soak_table,
     "prefill-cost": prefill_table,
+    "prefill-history": prefill_history_table,
     "decode-step": decode_step_table,
     "cpu-decode": cpu_decode_table,
     "gpu-decode": gpu_decode_table,
@@ -811,6 +822,14 @@ def reclaim_headline() -> str:
     gain = [100 * (r["reclaim"]["budget_aware"] - r["reclaim"]["adjacent"]) for r in reclaim_rows() if r["hp"] == 4]
     return (f"budget-aware grouping frees {min(gain):.1f} to {max(gain):.1f} points more of the full cache than "
             f"adjacent grouping over the {len(gain)} profiles with 4 or more KV heads (H_p = 4, P = 16, ratio 0.25)")
+
+
+def prefill_history_headline(name: str) -> str:
+    """ms per new token over stock's (medians) for each Tangram server, over histories > 0 and every load."""
+    rows = [r for r in load(f"timing/{name}.json")["summary"] if r["history"] > 0 and r["server"] != "stock"]
+    names = sorted({r["server"] for r in rows}, key=lambda n: -float(n.split("@")[-1]) if "@" in n else 0)
+    return "time per new token over stock's with a cached history: " + "; ".join(
+        f"{n} {spread([r['vs_stock'][0] for r in rows if r['server'] == n])}" for n in names)
 
 
 def soak_headline() -> str:
@@ -946,6 +965,12 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                      f"{r['refused']} refused, {r['failed']} failed"
                      for r in load("serving/pressure.json")["rows"]), None),
     "soak": ("200 multi-turn sessions with aborts, hang-ups and retractions on a small pool", soak_headline, None),
+    "prefill_history_smollm2": ("Prefill over a cached history (0 / 2,048 / 6,000 tokens, 0 or 4 requests decoding "
+                                "beside), SmolLM2, FastKVzip 0.4 and a 1.0 control against stock, 3 alternating runs",
+                                lambda: prefill_history_headline("prefill_history_smollm2"), None),
+    "prefill_history_qwen25-05b": ("Prefill over a cached history (0 / 2,048 / 8,192 tokens, 0 or 4 decoding beside), "
+                                   "Qwen2.5-0.5B, FastKVzip 0.25 and a 1.0 control against stock, 3 alternating runs",
+                                   lambda: prefill_history_headline("prefill_history_qwen25-05b"), None),
     "prefill_cost": ("Served prefill time per 2,048-token prompt for each scorer against stock SGLang",
                      lambda: ", ".join(f"{server_label(r, 0.5)} {times(r['vs_stock'])}"
                                        for r in load("timing/prefill_cost.json")["rows"][1:]), None),

@@ -7,7 +7,7 @@ the B requests), then release. Per virtual layer v the budget beta_v is drawn in
                    (draw + slot ids), per decode step (batched) the capacity check
                    reserve_decode_step and decode_step, release. Vectorized over V = L x G with numpy.
   tangram_tables   the above plus the views for the attention side, as served: the per-layer write
-                   slots of every chunk (torch work: device work on a GPU), DeviceBlockTables (here on CPU) brought up to date after every chunk (extend: a
+                   slots of every chunk (numpy on a CPU; a GPU computes them on the device), DeviceBlockTables (here on CPU) brought up to date after every chunk (extend: a
                    row's first chunk loads it whole, later ones send only their new pages), and its
                    decode (write slots and lengths from the step's opened pages) every step.
   compress_reclaim the same pool and block table, but no plan: each chunk allocates its
@@ -61,6 +61,7 @@ from tangram_sglang.pool.request_pages import ragged_index
 
 def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
     from tangram_sglang.serving.block_tables import DeviceBlockTables
+    from tangram_sglang.serving.runtime import chunk_write_slots
 
     spec = PoolSpec(num_layers=L, num_groups=G, heads_per_group=1, head_dim=1, page_size=P, num_pages=_pages(beta, P, batch, chunks, decode))
     cache = RaggedKVCache(spec, beta.reshape(L, G))
@@ -75,7 +76,7 @@ def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
         writes = [cache.prefill_chunk(r, n) for r in rids]
         if tables:  # as served: rows == rids; a row's first extend loads it whole, later ones send the new
             dev.extend(rids, rids, [cache.requests[r].pages for r in rids], before)   # pages; then the write
-            dev.chunk_slots(rids, lens, np.stack([w.counts for w in writes]))        # slots, torch work
+            chunk_write_slots(dev, writes, rids, lens, np.stack([w.counts for w in writes]))   # slots
     t1 = time.perf_counter()
     for _ in range(decode):
         if cache.reserve_decode_step(rids) != 0:

@@ -31,6 +31,7 @@ from tangram_sglang.method.chunks import extend_schedule
 from tangram_sglang.method.protection import chunk_protection
 from tangram_sglang.pool import RaggedKVCache
 from tangram_sglang.pool.batch_memo import BatchMemo
+from tangram_sglang.pool.block_table import chunk_slots_reference
 from tangram_sglang.pool.spec import PoolError, PoolSpec
 from tangram_sglang.scorers import ScorerState
 from tangram_sglang.serving.admission import AdmissionControl, PoolCounters
@@ -159,7 +160,7 @@ class TangramServing:
         # The tables after the chunk's pages were drawn, read only up to the slots cached before it.
         rows, host = self._rows(rids), [self.cache.requests[rid].pages for rid in rids]
         self.tables.extend(rows, rids, host, npages)   # the chunk's new pages only (rows already mirrored)
-        out = self.tables.chunk_slots(rows, before, keep)   # the write slots, computed on the device
+        out = chunk_write_slots(self.tables, writes, rows, before, keep)
         self.decode_rows.changed()
         width = max(int(p.npages.max(initial=0)) for p in host)
         table, lens = self.tables.view(rows, max(width, 1), torch.from_numpy(before).to(dev))
@@ -208,6 +209,15 @@ class TangramServing:
     def _note_peak(self) -> None:
         used = self.spec.num_pages - self.cache.pool.num_free
         self.counters.peak_pages_used = max(self.counters.peak_pages_used, used)
+
+
+def chunk_write_slots(tables, writes, rows, before: np.ndarray, keep: np.ndarray) -> list[torch.Tensor]:
+    """Per layer, the flat slots a prefill chunk's kept K/V go to. On a GPU they are computed on the
+    device from the (already extended) tables, the host sending O(B x V) integers; on a CPU numpy's
+    gather from the host writes is about 2-3x faster than torch's advanced indexing (same slots)."""
+    if tables.device.type == "cpu":
+        return [torch.from_numpy(x) for x in chunk_slots_reference(writes, keep)]
+    return tables.chunk_slots(rows, before, keep)
 
 
 @dataclass

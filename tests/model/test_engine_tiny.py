@@ -156,7 +156,7 @@ def test_triton_data_plane_serves_the_torch_tokens(tiny_llama, tmp_path, monkeyp
     import torch
 
     g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (70, 121, 33)]
+    prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (121, 33)]   # 3 chunks of 48; one
     want, info = run_engine(path, prompts, tangram_profile=profile, tangram_data_plane="torch")
     assert info["pool_info"]["data_plane"] == "torch"
     monkeypatch.setenv("TRITON_INTERPRET", "1")
