@@ -38,13 +38,10 @@ def chunk_slots_reference(writes, keep: np.ndarray) -> list[np.ndarray]:
     """Per layer, the flat slots a batch's kept K/V go to: int64, request by request, (group, slot)
     within each (the host reference of serving/block_tables.DeviceBlockTables.chunk_slots).
     keep int64 [B, L, G] the writes' counts."""
-    B, L, _ = keep.shape
-    flat = np.concatenate([w.kept_slots() for w in writes])
-    per = keep.sum(axis=2)                                          # [B, L]
-    layer = np.concatenate([np.repeat(np.arange(L), per[b]) for b in range(B)])
-    batch = np.repeat(np.arange(B), per.sum(axis=1))
-    order = np.argsort(layer * B + batch, kind="stable")            # layer-major, requests in order
-    return np.split(flat[order], np.cumsum(per.sum(axis=0))[:-1])
+    L = keep.shape[1]
+    cuts = np.cumsum(keep.sum(axis=2), axis=1)[:, :-1]             # [B, L - 1] layer ends in each request
+    parts = [np.split(w.kept_slots(), c) for w, c in zip(writes, cuts)]
+    return [np.concatenate([p[layer] for p in parts]) for layer in range(L)]
 
 
 def stack_chunk_writes(writes) -> tuple[np.ndarray, np.ndarray]:

@@ -42,11 +42,17 @@ class ChunkWrite:
 
     def kept_slots(self) -> np.ndarray:
         """The kept slots' flat ids, unpadded: int64 [counts.sum()], ordered by (l, g) then slot."""
+        # Slots of one page are consecutive ids: slot = (its index in the output) + a delta per
+        # (run, page column), so the work per slot is one repeat and one add.
         P = self.page_size
-        counts = self.counts.reshape(-1)
-        v, j = ragged_index(counts)
-        col, within = div_mod(self.offset.reshape(-1)[v] + j, P)
-        return self.pages.reshape(counts.size, -1)[v, col].astype(np.int64) * P + within
+        k = self.counts.reshape(-1, 1).astype(np.int64)                  # [V, 1]
+        off = self.offset.reshape(-1, 1).astype(np.int64)
+        pages = self.pages.reshape(k.shape[0], -1).astype(np.int64)      # [V, W]
+        c = np.arange(pages.shape[1])[None, :] * P                       # first position of each column
+        n = np.clip(np.minimum(k, c + P - off) - np.maximum(0, c - off), 0, None)   # [V, W] slots per page
+        start = np.cumsum(k) - k[:, 0]                                   # [V] first output index of each run
+        delta = pages * P + off - c - start[:, None]
+        return np.arange(int(k.sum()), dtype=np.int64) + np.repeat(delta.reshape(-1), n.reshape(-1))
 
 
 @dataclass(frozen=True, kw_only=True)
