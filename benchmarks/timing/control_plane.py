@@ -6,9 +6,8 @@ the B requests), then release. Per virtual layer v the budget beta_v is drawn in
   tangram          RaggedKVCache, the served calls: admit (exact plan + reserve), prefill_chunk
                    (draw + slot ids), per decode step (batched) the capacity check
                    reserve_decode_step and decode_step, release. Vectorized over V = L x G with numpy.
-  tangram_tables   the above plus the views for the attention side, as served: the per-layer write
-                   slots of every chunk (numpy on a CPU; a GPU computes them on the device), DeviceBlockTables (here on CPU) brought up to date after every chunk (extend: a
-                   row's first chunk loads it whole, later ones send only their new pages), and its
+  tangram_tables   the above plus the views for the attention side, as served: flat slot ids of
+                   every chunk, DeviceBlockTables (here on CPU) loaded after every chunk, and its
                    decode (write slots and lengths from the step's opened pages) every step.
   compress_reclaim the same pool and block table, but no plan: each chunk allocates its
                    uncompressed length in every v, then, once compression is known, frees the
@@ -61,7 +60,6 @@ from tangram_sglang.pool.request_pages import ragged_index
 
 def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
     from tangram_sglang.serving.block_tables import DeviceBlockTables
-    from tangram_sglang.serving.runtime import chunk_write_slots
 
     spec = PoolSpec(num_layers=L, num_groups=G, heads_per_group=1, head_dim=1, page_size=P, num_pages=_pages(beta, P, batch, chunks, decode))
     cache = RaggedKVCache(spec, beta.reshape(L, G))
@@ -71,12 +69,12 @@ def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
     for r in rids:
         cache.admit(r, chunk_tokens=chunks, decode_tokens=decode)
     for n in chunks:
-        before = [cache.requests[r].pages.npages.copy() for r in rids] if tables else None
-        lens = np.stack([cache.requests[r].pages.lens for r in rids]) if tables else None
-        writes = [cache.prefill_chunk(r, n) for r in rids]
-        if tables:  # as served: rows == rids; a row's first extend loads it whole, later ones send the new
-            dev.extend(rids, rids, [cache.requests[r].pages for r in rids], before)   # pages; then the write
-            chunk_write_slots(dev, writes, rids, lens, np.stack([w.counts for w in writes]))   # slots
+        for r in rids:
+            w = cache.prefill_chunk(r, n)
+            if tables:
+                w.slot_locs
+        if tables:  # rows == rids; an extend loads its rows whole
+            dev.load(rids, rids, [cache.requests[r].pages for r in rids])
     t1 = time.perf_counter()
     for _ in range(decode):
         if cache.reserve_decode_step(rids) != 0:

@@ -34,16 +34,6 @@ def build_layer_tables(rows: list[RequestPages], num_layers: int, num_groups: in
     return table.reshape(len(rows), num_layers, num_groups, width), lens.reshape(len(rows), num_layers, num_groups)
 
 
-def chunk_slots_reference(writes, keep: np.ndarray) -> list[np.ndarray]:
-    """Per layer, the flat slots a batch's kept K/V go to: int64, request by request, (group, slot)
-    within each (the host reference of serving/block_tables.DeviceBlockTables.chunk_slots).
-    keep int64 [B, L, G] the writes' counts."""
-    L = keep.shape[1]
-    cuts = np.cumsum(keep.sum(axis=2), axis=1)[:, :-1]             # [B, L - 1] layer ends in each request
-    parts = [np.split(w.kept_slots(), c) for w, c in zip(writes, cuts)]
-    return [np.concatenate([p[layer] for p in parts]) for layer in range(L)]
-
-
 def stack_chunk_writes(writes) -> tuple[np.ndarray, np.ndarray]:
     """ChunkWrite list -> (slot_locs int64 [B, L, G, K] -1 padded, counts int64 [B, L, G])."""
     k = max([w.slot_locs.shape[-1] for w in writes] + [0])

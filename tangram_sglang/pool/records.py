@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tangram_sglang.pool.request_pages import ArenaField, RequestPages, div_mod, flat_slot_locs, ragged_index
+from tangram_sglang.pool.request_pages import ArenaField, RequestPages, flat_slot_locs
 from tangram_sglang.pool.reservation import ReservationPlan
 from tangram_sglang.pool.segments import Segment
 
@@ -39,20 +39,6 @@ class ChunkWrite:
     @property
     def slot_locs(self) -> np.ndarray:
         return flat_slot_locs(self.pages, self.offset, self.counts, self.page_size)
-
-    def kept_slots(self) -> np.ndarray:
-        """The kept slots' flat ids, unpadded: int64 [counts.sum()], ordered by (l, g) then slot."""
-        # Slots of one page are consecutive ids: slot = (its index in the output) + a delta per
-        # (run, page column), so the work per slot is one repeat and one add.
-        P = self.page_size
-        k = self.counts.reshape(-1, 1).astype(np.int64)                  # [V, 1]
-        off = self.offset.reshape(-1, 1).astype(np.int64)
-        pages = self.pages.reshape(k.shape[0], -1).astype(np.int64)      # [V, W]
-        c = np.arange(pages.shape[1])[None, :] * P                       # first position of each column
-        n = np.clip(np.minimum(k, c + P - off) - np.maximum(0, c - off), 0, None)   # [V, W] slots per page
-        start = np.cumsum(k) - k[:, 0]                                   # [V] first output index of each run
-        delta = pages * P + off - c - start[:, None]
-        return np.arange(int(k.sum()), dtype=np.int64) + np.repeat(delta.reshape(-1), n.reshape(-1))
 
 
 @dataclass(frozen=True, kw_only=True)

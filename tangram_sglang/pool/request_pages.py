@@ -54,20 +54,20 @@ def ragged_index(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def flat_slot_locs(pages: np.ndarray, offset: np.ndarray, counts: np.ndarray, page_size: int) -> np.ndarray:
-    """(page, offset) runs -> flat slot ids. pages [..., W], offset/counts [...].
+    """(page, offset) runs -> flat slot ids, no per-slot division. pages [..., W], offset/counts [...].
 
     Returns int64 [..., max(counts)], -1 past counts. Example, P=2: pages [[7, 3]], offset [1],
-    counts [3] -> [[15, 6, 7]]. Work is O(runs x max(counts)), not O(runs x W x P).
+    counts [3] -> [[15, 6, 7]].
     """
     counts = np.asarray(counts, dtype=np.int64)
     lead, width = pages.shape[:-1], pages.shape[-1]
     k = int(counts.max(initial=0))
+    rows = pages.reshape(-1, width).astype(np.int64) * page_size
+    full = (rows[:, :, None] + np.arange(page_size)[None, None, :]).reshape(rows.shape[0], -1)
+    full = np.concatenate([full, np.zeros((rows.shape[0], max(0, k + page_size - full.shape[1])), np.int64)], axis=1)
     idx = np.asarray(offset, np.int64).reshape(-1, 1) + np.arange(k)[None, :]
-    col, within = div_mod(idx, page_size)
-    valid = np.arange(k)[None, :] < counts.reshape(-1, 1)
-    col = np.where(valid, np.minimum(col, width - 1), 0)
-    out = np.take_along_axis(pages.reshape(-1, width).astype(np.int64), col, axis=1) * page_size + within
-    out[~valid] = -1
+    out = np.take_along_axis(full, idx, axis=1)
+    out[np.arange(k)[None, :] >= counts.reshape(-1, 1)] = -1
     return out.reshape(*lead, k)
 
 

@@ -16,9 +16,7 @@ decode reads the tables at captured addresses, so they are then allocated once a
 their largest size (every SGLang row, the longest context) plus a scratch row
 whose lens stay 0 (the rows of a graph batch's padding entries).
 
-* ``load``: whole rows copied from the host (a row not mirrored yet: a request's first extend).
-* ``extend``: a mirrored row after a prefill chunk drew its pages: only the pages the chunk
-  appended and the new lengths cross, in one host-to-device copy (O(chunk), not O(context)).
+* ``load``: whole rows copied from the host (an extend: its work is O(context) anyway).
 * ``decode``: one new slot per (row, v). The host sends only the rows and the pages
   this step opened, in one host-to-device copy; the slots to write and the new
   lengths are computed on the device, with no sync. Decode attention then reads
@@ -33,7 +31,7 @@ import numpy as np
 import torch
 
 from tangram_sglang.pool.block_table import build_layer_tables
-from tangram_sglang.pool.request_pages import RequestPages, ragged_index
+from tangram_sglang.pool.request_pages import RequestPages
 from tangram_sglang.pool.spec import PoolError
 
 
@@ -96,55 +94,6 @@ class DeviceBlockTables:
         self.lens[idx] = torch.from_numpy(lens).to(self.device).view(len(rows), -1)
         for r, rid in zip(rows, rids):
             self.owner[int(r)] = rid
-
-    def extend(self, rows: list[int], rids: list, host: list[RequestPages], before: list[np.ndarray]) -> None:
-        """Bring rows up to date after a prefill chunk drew pages: a row this table mirrors gets the
-        pages appended since ``before`` (its npages [V] before the draw) and its lens; any other row
-        is loaded whole. Columns the host released since (window layers, -1) are not mirrored."""
-        fresh = [i for i, (r, rid) in enumerate(zip(rows, rids)) if not self.mirrors(r, rid)]
-        if fresh:
-            self.load([rows[i] for i in fresh], [rids[i] for i in fresh], [host[i] for i in fresh])
-        kept = [i for i in range(len(rows)) if i not in set(fresh)]
-        if not kept:
-            return
-        V, parts = self.num_virtual, []
-        for b, i in enumerate(kept):   # (batch index, v, column, page id) of every appended page
-            first = np.asarray(before[i], np.int64)
-            v, pos = ragged_index(host[i].npages - first)
-            col = first[v] + pos
-            parts.append(np.stack([np.full(v.size, b, np.int64), v, col, host[i].pages[v, col]], 1))
-        new = np.concatenate(parts)
-        width = max(int(host[i].npages.max(initial=0)) for i in kept)
-        self._ensure(max(rows[i] for i in kept), width)
-        lens = np.stack([host[i].lens for i in kept]).astype(np.int64).reshape(-1)
-        packed = np.concatenate([np.asarray([rows[i] for i in kept], np.int64), lens, new.reshape(-1)])
-        dev = torch.from_numpy(packed).to(self.device, non_blocking=True)
-        B = len(kept)
-        r, lens_d, new_d = dev[:B], dev[B:B + B * V].view(B, V), dev[B + B * V:].view(-1, 4)
-        if new_d.shape[0]:
-            b, v = new_d[:, 0], new_d[:, 1]
-            self.pages[self._layer[0, v], r[b], self._group[0, v], new_d[:, 2]] = new_d[:, 3].to(torch.int32)
-        self.lens.index_copy_(0, r, lens_d.to(torch.int32))
-
-    def chunk_slots(self, rows: list[int], before: np.ndarray, keep: np.ndarray) -> list[torch.Tensor]:
-        """Per layer, the flat slots a prefill chunk's kept K/V go to, computed on the device from the
-        tables (extended with the chunk's pages first): int64, request by request, (group, slot)
-        within each, as pool.block_table.chunk_slots_reference gives them from the host writes.
-        before int [B, V] slots each (row, v) held before the chunk; keep int [B, L, G] kept slots.
-        Host work and the one copy are O(B x V); the slots themselves are device work."""
-        B, L, G = keep.shape
-        P = self.page_size
-        counts = np.ascontiguousarray(np.asarray(keep, np.int64).transpose(1, 0, 2)).reshape(-1)   # runs (l, b, g)
-        start = np.asarray(before, np.int64).reshape(B, L, G).transpose(1, 0, 2).reshape(-1)
-        packed = np.concatenate([counts, start, np.asarray(rows, np.int64)])
-        dev = torch.from_numpy(packed).to(self.device, non_blocking=True)
-        n = counts.size
-        counts_d, start_d, rows_d = dev[:n], dev[n:2 * n], dev[2 * n:]
-        total = int(counts.sum())
-        run = torch.repeat_interleave(torch.arange(n, device=self.device), counts_d, output_size=total)
-        pos = torch.arange(total, device=self.device) - (torch.cumsum(counts_d, 0) - counts_d)[run] + start_d[run]
-        page = self.pages[run // (B * G), rows_d[(run // G) % B], run % G, pos // P].to(torch.int64)
-        return list((page * P + pos % P).split(counts.reshape(L, -1).sum(axis=1).tolist()))
 
     def mirrors(self, row: int, rid) -> bool:
         return self.owner.get(int(row)) == rid

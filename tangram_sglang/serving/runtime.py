@@ -31,7 +31,6 @@ from tangram_sglang.method.chunks import extend_schedule
 from tangram_sglang.method.protection import chunk_protection
 from tangram_sglang.pool import RaggedKVCache
 from tangram_sglang.pool.batch_memo import BatchMemo
-from tangram_sglang.pool.block_table import chunk_slots_reference
 from tangram_sglang.pool.spec import PoolError, PoolSpec
 from tangram_sglang.scorers import ScorerState
 from tangram_sglang.serving.admission import AdmissionControl, PoolCounters
@@ -152,15 +151,19 @@ class TangramServing:
                 self.data.copy_pages(st.copy_src, st.copy_dst)
                 st.copy_src = st.copy_dst = None
         before = np.stack([self.cache.requests[rid].pages.lens for rid in rids]).astype(np.int32)  # [B, V]
-        npages = [self.cache.requests[rid].pages.npages.copy() for rid in rids]
         protect = [self.requests[rid].protect[len(self.cache.requests[rid].chunk_ends)] for rid in rids]
         writes = [self.cache.prefill_chunk(rid, int(n)) for rid, n in zip(rids, ext_lens)]
         keep = np.stack([w.counts for w in writes])                     # [B, L, G]
+        locs = [w.slot_locs for w in writes]                            # [L, G, k_b] each
         dev = self.data.k_pages.device
+        out = []
+        for layer in range(self.spec.num_layers):
+            parts = [loc[layer][np.arange(loc.shape[-1])[None, :] < kb[layer][:, None]]
+                     for loc, kb in zip(locs, keep)]
+            out.append(torch.from_numpy(np.concatenate(parts)).to(dev))
         # The tables after the chunk's pages were drawn, read only up to the slots cached before it.
         rows, host = self._rows(rids), [self.cache.requests[rid].pages for rid in rids]
-        self.tables.extend(rows, rids, host, npages)   # the chunk's new pages only (rows already mirrored)
-        out = chunk_write_slots(self.tables, writes, rows, before, keep)
+        self.tables.load(rows, rids, host)
         self.decode_rows.changed()
         width = max(int(p.npages.max(initial=0)) for p in host)
         table, lens = self.tables.view(rows, max(width, 1), torch.from_numpy(before).to(dev))
@@ -209,15 +212,6 @@ class TangramServing:
     def _note_peak(self) -> None:
         used = self.spec.num_pages - self.cache.pool.num_free
         self.counters.peak_pages_used = max(self.counters.peak_pages_used, used)
-
-
-def chunk_write_slots(tables, writes, rows, before: np.ndarray, keep: np.ndarray) -> list[torch.Tensor]:
-    """Per layer, the flat slots a prefill chunk's kept K/V go to. On a GPU they are computed on the
-    device from the (already extended) tables, the host sending O(B x V) integers; on a CPU numpy's
-    gather from the host writes is about 2-3x faster than torch's advanced indexing (same slots)."""
-    if tables.device.type == "cpu":
-        return [torch.from_numpy(x) for x in chunk_slots_reference(writes, keep)]
-    return tables.chunk_slots(rows, before, keep)
 
 
 @dataclass
