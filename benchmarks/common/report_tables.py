@@ -390,6 +390,16 @@ def prefill_table() -> list[str]:
                   for i, (r, q) in enumerate(zip(d["rows"], ratios))])
 
 
+def prefill_history_table(name: str = "prefill_history_smollm2") -> list[str]:
+    """ms per new token after a cached history, each server against stock in the same repeat."""
+    rows = load(f"timing/{name}.json")["summary"]
+    return table(["history", "decoding beside", "server", "ms per new token, median [min, max]", "vs stock, median [range]"],
+                 [[f"{r['history']:,}", r["decoding"], r["server"],
+                   f"{r['ms_per_token'][0]:.2f} [{r['ms_per_token'][1]:.2f}, {r['ms_per_token'][2]:.2f}]",
+                   "-" if r["server"] == "stock" else f"{times(r['vs_stock'][0])} [{spread(r['vs_stock'][1:])}]"]
+                  for r in rows])
+
+
 def decode_step_table() -> list[str]:
     d = load("timing/decode_step.json")
     ratios = per_run_ratios(d["rows"], "steps_ms")
@@ -703,6 +713,7 @@ DOC_BLOCKS = {
     "pressure": pressure_table,
     "soak": soak_table,
     "prefill-cost": prefill_table,
+    "prefill-history": prefill_history_table,
     "decode-step": decode_step_table,
     "cpu-decode": cpu_decode_table,
     "gpu-decode": gpu_decode_table,
