@@ -117,11 +117,11 @@ class Decoders:
         import urllib.parse
 
         where = urllib.parse.urlsplit(self.url)
-        conn = http.client.HTTPConnection(where.hostname, where.port, timeout=1800)
+        conn, got = http.client.HTTPConnection(where.hostname, where.port, timeout=1800), 0
         try:
             conn.request("POST", "/generate", body=json.dumps({**payload, "stream": True}),
                          headers={"Content-Type": "application/json"})
-            resp, got = conn.getresponse(), 0
+            resp = conn.getresponse()
             while not self.stop.is_set():
                 line = resp.readline()
                 if not line:
