@@ -12,8 +12,12 @@ already measured the current code. A figure is current when
   or by a version shown to give the same answers (benchmarks/fidelity/versions.py, fidelity_versions.json),
   and every setting its command asks for has rows (missing_rows); its command is itself resumable (it runs only the conversations not recorded at the current version);
 * every other figure: its results file is stamped with a commit (no uncommitted changes) whose served
-  files (tangram_sglang/ less what the server never loads, ``NOT_SERVED``), benchmark module and profiles
-  equal the working tree's.
+  files (tangram_sglang/ less what the server never loads, ``NOT_SERVED``), benchmark code (the module and
+  what it imports from benchmarks/, less the files that only write and render results), launch flags (the
+  package modules it imports: sglang/server_process.py) and profiles equal the working tree's.
+
+Results files the README or docs/results.md cite that no command here re-measures (a lent GPU's runs, the
+historical records) are listed in OTHER_RESULTS with the reason; ``--status`` names them too.
 
 --quick writes under TANGRAM_RESULTS_DIR (default /tmp/tangram-quick-results), never over the committed
 results; its figures are trials of the commands, not figures.
@@ -22,6 +26,7 @@ results; its figures are trials of the commands, not figures.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -89,6 +94,13 @@ def _concurrency(name: str, args: str) -> Figure:
 FIGURES: tuple[Figure, ...] = (
     # modeled and timing: minutes
     Figure("paper_models", "modeled", "benchmarks.modeled.paper_models", (), ("--out", f"{QUICK_DIR}/modeled/paper_models.json")),
+    Figure("load_balance", "modeled", "benchmarks.modeled.load_balance",
+           ("--profile", "configs/smollm2-snapkv.yaml", "--batch", "1", "--batch", "16"),
+           ("--profile", "configs/smollm2-snapkv.yaml", "--batch", "1", "--out", f"{QUICK_DIR}/modeled/load_balance")),
+    Figure("memory_reclaim", "modeled", "benchmarks.modeled.memory_reclaim", (),
+           ("--quick", "--out", f"{QUICK_DIR}/modeled")),
+    Figure("tp_memory", "modeled", "benchmarks.modeled.tp_memory", (),
+           ("--ratios", "0.25", "--tp", "2", "--out", f"{QUICK_DIR}/modeled/tp_memory")),
     Figure("control_plane", "timing", "benchmarks.timing.control_plane", (),
            ("--layers", "16", "--groups", "1", "2", "--repeat", "1", "--no-loop", "--out", f"{QUICK_DIR}/timing")),
     Figure("control_plane_decode", "timing", "benchmarks.timing.control_plane",
@@ -169,17 +181,80 @@ FIGURES: tuple[Figure, ...] = (
 )
 
 
+# Results files the README or docs/results.md show (or the results index names) that no command above
+# re-measures, each with the reason; `--status` lists them, a test keeps every shown file in FIGURES or here.
+_GPU = "measured on a lent GPU (benchmarks/gpu/, launch/gpu_run.sh); re-measured when a task is lent one"
+_STUDY = ("a study beside the shipped profiles' tracked reports (an earlier profile, method or scope); not "
+          "re-measured (hours on this CPU)")
+_EARLIER_RUN = "an earlier throughput run, superseded by the tracked concurrency_* figures; kept as recorded"
+OTHER_RESULTS: dict[str, str] = {
+    "README.md": "the results index (what each file is), not a measurement",
+    "fidelity/behaviour.json": "records: old against new answers per code change (benchmarks.fidelity.behaviour)",
+    "fidelity/fidelity_runs.jsonl": "records: every conversation's answers, by code version (the fidelity store)",
+    "fidelity/fidelity_versions.json": "records: code versions shown to answer alike (the carry check)",
+    "fidelity/fidelity_before.md": "the answers from before two serving fixes, kept as the record of them",
+    "fidelity/fidelity.json": _STUDY,
+    "fidelity/fidelity_kvzip.json": _STUDY,
+    "fidelity/fidelity_fastkvzip_layer_scope.json": _STUDY,
+    "fidelity/fidelity_gemma_layer.json": _STUDY,
+    "fidelity/fidelity_position.json": _STUDY,
+    "fidelity/fidelity_quick.json": _STUDY,
+    "fidelity/fidelity_qwen.json": _STUDY,
+    "fidelity/fidelity_qwen_kvzip.json": _STUDY,
+    "serving/concurrency.json": _EARLIER_RUN,
+    "serving/concurrency_fastkvzip.json": _EARLIER_RUN,
+    "serving/concurrency_gemma.json": _EARLIER_RUN,
+    "serving/concurrency_gemma_windows.json": _EARLIER_RUN,
+    "serving/concurrency_multiturn.json": _EARLIER_RUN,
+    "serving/replicas.json": "two replicas behind sglang-router (benchmarks.serving.replicas); not re-measured since",
+    "serving/gpu_served_nvidia-h200.json": _GPU,
+    "timing/gpu_decode_nvidia-h200.json": _GPU,
+    "timing/gpu_decode_nvidia-h100-80gb-hbm3.json": _GPU,
+    "timing/triton_tune_nvidia-h200.json": _GPU,
+}
+
+
+def other_status(path: str, results_dir: str) -> str:
+    """How a results file of OTHER_RESULTS was recorded: its stamp's commit, when it has one."""
+    full = os.path.join(results_dir, os.path.splitext(path)[0] + ".json")
+    try:
+        data = json.load(open(full))
+    except (OSError, ValueError):
+        return "no stamp"
+    commit = data.get("stamp", {}).get("commit") if isinstance(data, dict) else None
+    return f"recorded at {commit}" if commit else "recorded before stamps"
+
+
 # -- which figures measured the current code ---------------------------------------------------------
 def _git(*args: str, stdin: str | None = None) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, input=stdin, capture_output=True, text=True, check=True).stdout
 
 
+# benchmark modules that name, stamp, write and render results: no figure's numbers depend on them
+REPORTING = ("benchmarks/common/log.py", "benchmarks/common/paths.py", "benchmarks/common/report_tables.py",
+             "benchmarks/common/results.py", "benchmarks/common/stamp.py")
+
+
+@functools.lru_cache(maxsize=None)
+def module_files(module: str) -> frozenset[str]:
+    """The repository files a benchmark module loads (itself, the benchmark code it imports, and the
+    package modules it imports, such as sglang/server_process.py, which writes every server's launch
+    flags), found by importing it in a fresh process; less REPORTING."""
+    code = ("import importlib, os, sys\nimportlib.import_module(sys.argv[1])\nroot = sys.argv[2]\n"
+            "print('\\n'.join(sorted({os.path.relpath(m.__file__, root) for m in list(sys.modules.values())\n"
+            "      if getattr(m, '__file__', None) and os.path.abspath(m.__file__).startswith(root + os.sep)})))")
+    out = subprocess.run([sys.executable, "-c", code, module, ROOT], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return frozenset(p for p in out if p.startswith(("benchmarks/", "tangram_sglang/")) and p not in REPORTING)
+
+
 def _counted(path: str, fig: Figure) -> bool:
-    """Files a non-fidelity figure depends on: served package files, its own module, the profiles it names."""
-    if path.startswith("tangram_sglang/") and path.endswith(".py"):
-        return not any(part in "/" + path for part in NOT_SERVED)
+    """Files a non-fidelity figure depends on: served package files, the benchmark code and launch flags its
+    module loads (module_files), the profiles it names and their gates."""
+    if path.startswith("tangram_sglang/") and path.endswith(".py") and not any(part in "/" + path for part in NOT_SERVED):
+        return True
     profiles = {a for a in fig.full if a.startswith("configs/")}
-    return path == fig.module.replace(".", "/") + ".py" or path in profiles or any(
+    return path in module_files(fig.module) or path in profiles or any(
         path == a.removesuffix(".yaml") + ".gate.safetensors" for a in profiles)
 
 
@@ -331,6 +406,9 @@ def main(argv=None) -> int:
         for fig in figs:
             ok, why = status(fig, results_dir)
             print(f"{'current' if ok else 'STALE  '}  {fig.name:28s} {why}")
+        if not args.only:
+            for path, why in OTHER_RESULTS.items():
+                print(f"other    {path:28s} {other_status(path, results_dir)}: {why}")
         return 0
     if not args.quick and not args.all:
         figs = [f for f in figs if f.kind == "fidelity" or not status(f, results_dir)[0]]

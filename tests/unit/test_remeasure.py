@@ -101,3 +101,32 @@ def test_unknown_figure_names_are_refused(capsys):
     with pytest.raises(SystemExit):
         remeasure.main(["--only", "nope"])
     assert "unknown figures ['nope']" in capsys.readouterr().err
+
+
+def test_every_shown_results_file_is_re_measured_or_listed_with_its_reason():
+    """What the README, docs/results.md and the generated tables show is a FIGURES entry (its currency is
+    checked) or in OTHER_RESULTS with the reason it is not re-measured; nothing shown goes untracked."""
+    import os
+    import re
+
+    from benchmarks.common.paths import ROOT
+
+    shown = set()
+    for doc in ("README.md", "docs/results.md"):
+        text = open(os.path.join(ROOT, doc)).read()
+        shown |= {p.removeprefix("benchmarks/results/") for p in re.findall(r"benchmarks/results/[\w./-]+\.\w+", text)}
+    tables = open(os.path.join(ROOT, "benchmarks/common/report_tables.py")).read()
+    shown |= set(re.findall(r'"((?:fidelity|serving|timing|modeled)/[\w.-]+\.json)"', tables))
+    stems = {os.path.splitext(f.path)[0] for f in FIGURES} | {os.path.splitext(p)[0] for p in remeasure.OTHER_RESULTS}
+    untracked = sorted(p for p in shown if p and os.path.splitext(p)[0] not in stems)
+    assert not untracked, f"shown but neither re-measured nor listed in OTHER_RESULTS: {untracked}"
+    assert all(why.strip() for why in remeasure.OTHER_RESULTS.values())
+
+
+def test_a_figure_counts_the_benchmark_code_and_launch_flags_its_module_loads():
+    fig = next(f for f in FIGURES if f.name == "concurrency_multiturn_r04")
+    counted = lambda p: remeasure._counted(p, fig)  # noqa: E731
+    assert counted("benchmarks/serving/concurrency.py") and counted("benchmarks/common/client.py")
+    assert counted("tangram_sglang/sglang/server_process.py")      # writes the servers' launch flags
+    assert not counted("benchmarks/common/stamp.py") and not counted("benchmarks/common/report_tables.py")
+    assert not counted("benchmarks/serving/pressure.py")           # another figure's module
