@@ -714,6 +714,7 @@ DOC_BLOCKS = {
     "soak": soak_table,
     "prefill-cost": prefill_table,
     "prefill-history": prefill_history_table,
+    "prefill-history-qwen": lambda: prefill_history_table("prefill_history_qwen25-05b"),
     "decode-step": decode_step_table,
     "cpu-decode": cpu_decode_table,
     "gpu-decode": gpu_decode_table,
