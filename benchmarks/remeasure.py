@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.common.paths import KINDS, ROOT
-from benchmarks.fidelity.versions import NOT_SERVED
+from benchmarks.fidelity.versions import NOT_SERVED, loaded_files
 
 QUICK_DIR = "/tmp/tangram-quick-results"
 S = ("--retrieval-per-kind", "16", "--replays-per-kind", "8")   # SmolLM2 / Gemma: 64 conversations
@@ -239,19 +239,16 @@ REPORTING = ("benchmarks/common/log.py", "benchmarks/common/paths.py", "benchmar
 def module_files(module: str) -> frozenset[str]:
     """The repository files a benchmark module loads (itself, the benchmark code it imports, and the
     package modules it imports, such as sglang/server_process.py, which writes every server's launch
-    flags), found by importing it in a fresh process; less REPORTING."""
-    code = ("import importlib, os, sys\nimportlib.import_module(sys.argv[1])\nroot = sys.argv[2]\n"
-            "print('\\n'.join(sorted({os.path.relpath(m.__file__, root) for m in list(sys.modules.values())\n"
-            "      if getattr(m, '__file__', None) and os.path.abspath(m.__file__).startswith(root + os.sep)})))")
-    out = subprocess.run([sys.executable, "-c", code, module, ROOT], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.split()
-    return frozenset(p for p in out if p.startswith(("benchmarks/", "tangram_sglang/")) and p not in REPORTING)
+    flags), found by importing it in a fresh process (versions.loaded_files); less REPORTING."""
+    rel = (os.path.relpath(os.path.abspath(f), ROOT) for f in loaded_files((module,)))
+    return frozenset(p for p in rel if p.startswith(("benchmarks/", "tangram_sglang/")) and p not in REPORTING)
 
 
 def _counted(path: str, fig: Figure) -> bool:
     """Files a non-fidelity figure depends on: served package files, the benchmark code and launch flags its
     module loads (module_files), the profiles it names and their gates."""
-    if path.startswith("tangram_sglang/") and path.endswith(".py") and not any(part in "/" + path for part in NOT_SERVED):
+    served = path.startswith("tangram_sglang/") and path.endswith(".py")
+    if served and not any(part in "/" + path for part in NOT_SERVED):
         return True
     profiles = {a for a in fig.full if a.startswith("configs/")}
     return path in module_files(fig.module) or path in profiles or any(

@@ -46,15 +46,20 @@ ORACLE_MODULES = ("tangram_sglang.oracle.serving_reference", "tangram_sglang.sco
                   "tangram_sglang.method.protection")
 
 
+def loaded_files(modules, prefix: str = "") -> list[str]:
+    """The files of the modules a fresh process started from ROOT loads when it imports ``modules`` (so a
+    snapshot's own files), those whose module names start with prefix: sorted, as the modules name them."""
+    code = ("import importlib, sys\nfor m in sys.argv[2:]: importlib.import_module(m)\n"
+            "print('\\n'.join(sorted(m.__file__ for n, m in list(sys.modules.items())\n"
+            "      if n.startswith(sys.argv[1]) and getattr(m, '__file__', None))))")
+    return subprocess.run([sys.executable, "-c", code, prefix, *modules], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
 @functools.lru_cache(maxsize=1)
 def oracle_files() -> list[str]:
-    """The package files the oracle settings load: imported in a fresh process from ROOT (so a
-    snapshot's own files), listed from its sys.modules."""
-    code = ("import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)\n"
-            "print('\\n'.join(sorted(m.__file__ for n, m in list(sys.modules.items())\n"
-            "      if n.startswith('tangram_sglang') and getattr(m, '__file__', None))))")
-    out = subprocess.run([sys.executable, "-c", code, *ORACLE_MODULES], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.split()
+    """The package files the oracle settings load (loaded_files of ORACLE_MODULES)."""
+    out = loaded_files(ORACLE_MODULES, "tangram_sglang")
     outside = [f for f in out if not os.path.abspath(f).startswith(os.path.join(ROOT, "tangram_sglang"))]
     if outside or not out:
         raise SystemExit(f"the oracle's modules were not loaded from {ROOT}: {outside or 'none found'}")

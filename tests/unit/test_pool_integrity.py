@@ -63,15 +63,14 @@ CORRUPTIONS = {
         (0, 0), _other_free_page(c)),
     "a request's page replaced by another request's": lambda c: c.requests["filling"].pages.pages.__setitem__(
         (0, 0), _page_of(c, "reader", 0, c.requests["reader"].pages.npages[0] - 1)),
-    "a request's slot count off by one": lambda c: c.requests["filling"].pages.__setattr__(
-        "lens", c.requests["filling"].pages.lens + np.eye(1, c.spec.num_virtual, 2, dtype=np.int32)[0] * 4),
+    "a request's slot count past its pages": lambda c: _add_slots(c.requests["filling"].pages, v=2, n=4),
     "a request's reservation grown": lambda c: c.requests["filling"].__setattr__(
         "reserved_left", c.requests["filling"].reserved_left + 1),
     "a request's taken count shrunk": lambda c: c.requests["filling"].__setattr__(
         "taken", c.requests["filling"].taken - 1),
     "a request forgotten without its release": lambda c: c.requests.pop("filling"),
     # page refcounts and the free list
-    "one refcount too high": lambda c: c.pool.refcount.__setitem__(_page_of(c, "reader"), c.pool.refcount[_page_of(c, "reader")] + 1),
+    "one refcount too high": lambda c: np.add.at(c.pool.refcount, _page_of(c, "reader"), 1),
     "one refcount too low": lambda c: c.pool.refcount.__setitem__(_page_of(c, "filling"), 0),
     "a held page pushed on the free list": lambda c: _push_free(c, _page_of(c, "filling")),
     "the pool's reservation count off": lambda c: setattr(c.pool, "reserved", c.pool.reserved + 1),
@@ -87,6 +86,12 @@ CORRUPTIONS = {
                                                         c.requests["reader"].pages.slot),
     "a live request's arena slot marked free": lambda c: c.arena.free_slots.append(c.requests["reader"].pages.slot),
 }
+
+
+def _add_slots(pages, v, n):
+    lens = pages.lens.copy()
+    lens[v] += n                        # a whole page (P = 4) more than its pages hold
+    pages.lens = lens
 
 
 def _push_free(c, page):
