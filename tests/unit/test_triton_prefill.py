@@ -27,10 +27,22 @@ pytestmark = pytest.mark.triton
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("shape,page_size", [((4, 1, 1), 1), ((4, 3, 2), 16), ((5, 2, 4), 1), ((2, 2, 1), 16),
-                                              ((3, 1, 2), 4)])  # (H, gqa, H_p)
-@pytest.mark.parametrize("chunk_lens,max_len", [([17], 54), ([1, 5, 17], 17), ([3, 0, 1], 1), ([54, 2], 0)])
-@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["model", "fp8_e4m3"])
+SHAPES = [((4, 1, 1), 1), ((4, 3, 2), 16), ((5, 2, 4), 1), ((2, 2, 1), 16), ((3, 1, 2), 4)]  # ((H, gqa, H_p), P)
+CHUNKS = [([17], 54), ([1, 5, 17], 17), ([3, 0, 1], 1), ([54, 2], 0)]  # (chunk lengths, longest history)
+DTYPES = [pytest.param(None, id="model"), pytest.param(torch.float8_e4m3fn, id="fp8_e4m3")]
+
+
+def _cases():
+    """On a GPU every (shape, chunks, dtype); in the CPU interpreter (about 20 s a case) every pair of
+    shape and chunks once, the dtype alternating so each shape and each chunk list meets both dtypes."""
+    for i, (shape, page_size) in enumerate(SHAPES):
+        for j, (chunk_lens, max_len) in enumerate(CHUNKS):
+            for k, dtype in enumerate(DTYPES):
+                if DEVICE == "cuda" or k == (i + j) % 2:
+                    yield pytest.param(shape, page_size, chunk_lens, max_len, *dtype.values, id=f"{i}-{j}-{dtype.id}")
+
+
+@pytest.mark.parametrize("shape,page_size,chunk_lens,max_len,kv_dtype", list(_cases()))
 def test_triton_prefill_matches_reference_and_dense(shape, page_size, chunk_lens, max_len, kv_dtype):
     h, gqa, hp = shape
     num_g, batch, d = math.ceil(h / hp), len(chunk_lens), 16
@@ -75,9 +87,17 @@ def test_triton_prefill_lse_gives_the_sinks_of_the_reference():
     torch.testing.assert_close(add_sinks(o, lse, dev(sinks)).cpu(), ref, atol=3e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("shape", [(4, 1, 1), (4, 3, 2)])
-@pytest.mark.parametrize("window", [1, 6, 24])
-@pytest.mark.parametrize("hist,chunks", [([0, 40], [30, 9]), ([13, 2, 70], [1, 40, 5])])
+def _window_cases():
+    """Every window with every history; on the CPU the shape alternating so each meets every window and history."""
+    shapes, histories = [(4, 1, 1), (4, 3, 2)], [([0, 40], [30, 9]), ([13, 2, 70], [1, 40, 5])]
+    for i, window in enumerate([1, 6, 24]):
+        for j, (hist, chunks) in enumerate(histories):
+            for k, shape in enumerate(shapes):
+                if DEVICE == "cuda" or k == (i + j) % 2:
+                    yield pytest.param(shape, window, hist, chunks, id=f"H{shape[0]}gqa{shape[1]}-W{window}-{j}")
+
+
+@pytest.mark.parametrize("shape,window,hist,chunks", list(_window_cases()))
 def test_triton_prefill_reads_the_window(shape, window, hist, chunks):
     """A sliding-window layer: chunk query i at position c + i reads cached and chunk keys
     c + i - W + 1 .. c + i, as the torch reference's masks and a dense window mask do."""
