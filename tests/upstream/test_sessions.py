@@ -5,7 +5,7 @@ its repository). Streaming sessions (``--enable-streaming-session``) are refused
 
 A session request continues a previous request of the session: its prompt is that request's
 prompt + output + the new tokens, so its history comes back through the segment radix tree.
-On the 1.0 profile the session answers exactly what the same tokens sent without a session get.
+The session answers exactly what the same tokens sent without a session get (both read the same tree).
 """
 
 from __future__ import annotations
