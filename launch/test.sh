@@ -39,7 +39,7 @@ lane_b=$!
 "${PYTEST[@]}" -m model --durations=15 "${LANE_B[@]/#/--ignore=}" || rc=$?
 TANGRAM_UPSTREAM=stock "${PYTEST[@]}" -m on_stock -rxX || rc=$?
 wait $lane_b || rc=$?
-echo "== lane B: the upstream tier, the server tier, then ${LANE_B[*]} =="
+echo "== lane B: the upstream tier but its on_stock tests, the server tier, then ${LANE_B[*]} =="
 cat "$lane_b_log"
 rm -f "$lane_b_log"
 exit $rc

@@ -8,8 +8,9 @@ test asserts is the model's own) and ``TANGRAM_UPSTREAM=stock`` stock SGLang wit
 yardstick that tells a Tangram failure from what this small model or this CPU cannot do (README,
 "SGLang's own tests").
 
-A test stock SGLang fails too is not run on the profile: it runs on a stock server started in the
-same session (when one is selected) and must fail there, with the exception recorded below.
+A test stock SGLang fails too is not run on the profile: it is marked ``on_stock``, runs on a stock
+server (started when such a test is selected; in CI, lane A's ``TANGRAM_UPSTREAM=stock -m on_stock``)
+and must fail there, with the exception recorded below.
 
 The kits are unittest mixins reading ``self.base_url`` / ``self.process`` / ``self.model``;
 an autouse class fixture sets them from the shared server.

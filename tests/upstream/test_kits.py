@@ -56,8 +56,8 @@ class TestJSONMode(JSONModeMixin, unittest.TestCase):
 def sampled_attempts(run, n: int, *args, **kwargs):
     """The constraint kits sample n > 1 texts at temperature 0.5 and require every one to match a
     pattern within 128 tokens; SmolLM2-135M's draw loops inside a free part ([a-z]+) or writes a
-    grammatical text the pattern does not allow at random, on stock too (the regex log-format case
-    failed on stock in one CI run and passed in the next). A sampled case gets up to 5 attempts,
+    grammatical text the pattern does not allow at random, on stock too (the regex log-format case,
+    once listed as failing on stock, passed on stock on 2026-11-28). A sampled case gets up to 5 attempts,
     assertions unchanged; a greedy one (n = 1) gets one."""
     tries = 5 if n > 1 else 1
     for attempt in range(tries):
