@@ -13,6 +13,9 @@ torch.set_num_threads(1)
 # early): without a GPU, Triton kernels can only run in the interpreter.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    from triton_interpreter import skip_nested_relanguage_patching  # noqa: E402
+
+    skip_nested_relanguage_patching()  # in this process; spawned schedulers run the interpreter as is
 
 import importlib.util  # noqa: E402
 import pathlib  # noqa: E402

@@ -1,4 +1,4 @@
-"""A tiny random-weight Llama saved as an HF folder, and its greedy HF outputs."""
+"""A tiny random-weight Llama saved as an HF folder, its greedy HF outputs, and the dense oracle's under a profile."""
 
 from __future__ import annotations
 
@@ -69,3 +69,19 @@ def hf_greedy(model, prompts=PROMPTS, new_tokens: int = NEW_TOKENS) -> list[list
                              do_sample=False)
         outs.append(out[0, len(p):].tolist())
     return outs
+
+
+def oracle_tokens(model_path: str, profile: str, prompts: list[list[int]], **kwargs) -> list[list[int]]:
+    """The dense oracle's greedy tokens per prompt: serving_reference.reference_generate
+    with the profile's default ratio, 48-token chunks (the tests' profiles), NEW_TOKENS; kwargs: kv_dtype."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tangram_sglang.oracle.serving_reference import reference_generate
+    from tangram_sglang.profile import load_profile
+    from tangram_sglang.scorers.profile_scorer import profile_scorer
+
+    prof = load_profile(profile)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    return [reference_generate(model, prof.select(), heads_per_group=1, method=profile_scorer(prof, profile),
+                               prompt_ids=p, max_new_tokens=NEW_TOKENS, chunk_size=48, **kwargs) for p in prompts]

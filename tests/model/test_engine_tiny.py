@@ -5,6 +5,7 @@ import atexit
 import pytest
 import sglang
 from served import IDLE_KWARGS
+from tiny_model import oracle_tokens
 
 from tangram_sglang.profile.uniform import main as write_uniform
 
@@ -86,11 +87,6 @@ def test_kvzip_reconstruction_served_equals_the_oracle(tiny_llama, tmp_path):
     """KVzip in the server (reconstruction pass inside each prefill, its KV never stored) serves the
     tokens of the dense oracle that runs the same pass; pool integrity and reserved == used hold."""
     import torch
-    from transformers import AutoModelForCausalLM
-
-    from tangram_sglang.oracle.serving_reference import reference_generate
-    from tangram_sglang.profile import load_profile
-    from tangram_sglang.scorers.profile_scorer import profile_scorer
 
     path, _, _ = tiny_llama
     profile = _scorer_profile(tmp_path, path, "kvzip", scorer_args={"prefix_ids": [1, 17, 23, 5, 9]})
@@ -99,12 +95,7 @@ def test_kvzip_reconstruction_served_equals_the_oracle(tiny_llama, tmp_path):
     outs, info = run_engine(path, prompts, tangram_profile=profile)
     pool = info["pool_info"]
     assert pool["integrity"] == "ok" and pool["saved_vs_full_kv"] > 0
-    prof = load_profile(profile)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    for prompt, out in zip(prompts, outs):
-        ref = reference_generate(model, prof.select(), heads_per_group=1, method=profile_scorer(prof, profile),
-                                 prompt_ids=prompt, max_new_tokens=16, chunk_size=48)
-        assert out == ref, f"{len(prompt)}-token prompt"
+    assert outs == oracle_tokens(path, profile, prompts)
 
 
 def test_fp8_pages_serve_the_oracle_tokens(tiny_llama, tmp_path):
@@ -113,11 +104,6 @@ def test_fp8_pages_serve_the_oracle_tokens(tiny_llama, tmp_path):
     greedy tokens of the dense oracle storing its cache in FP8 (chunks scored unquantized), and a
     second turn reads its FP8 history from the tree; pool integrity holds."""
     import torch
-    from transformers import AutoModelForCausalLM
-
-    from tangram_sglang.oracle.serving_reference import reference_generate
-    from tangram_sglang.profile import load_profile
-    from tangram_sglang.scorers.profile_scorer import profile_scorer
 
     path, _, _ = tiny_llama
     profile = _scorer_profile(tmp_path, path, "snapkv")
@@ -139,31 +125,25 @@ def test_fp8_pages_serve_the_oracle_tokens(tiny_llama, tmp_path):
     assert pool["integrity"] == "ok" and pool["saved_vs_full_kv"] > 0 and pool["kv_dtype"] == "float8_e4m3fn"
     assert pool["page_bytes"] == 2 * 16 * 1 * 16 * 1                                 # K+V, P, H_p, d, 1 byte
     assert pool["pages_total"] == 2048 * (2 * 2 * 2 * 16 * 1) // pool["page_bytes"]  # stock FP8 bytes
-    prof = load_profile(profile)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    for prompt, out in zip(prompts, outs):
-        assert out == reference_generate(model, prof.select(), heads_per_group=1, method=profile_scorer(prof, profile),
-                                         prompt_ids=prompt, max_new_tokens=16, chunk_size=48,
-                                         kv_dtype=torch.float8_e4m3fn)
+    assert outs == oracle_tokens(path, profile, prompts, kv_dtype=torch.float8_e4m3fn)
 
 
-def test_triton_data_plane_serves_the_torch_tokens(tiny_llama, tmp_path, monkeypatch):
+def test_triton_data_plane_serves_the_oracle_tokens(tiny_llama, tmp_path, monkeypatch):
     """The whole served path with the Triton kernels (TRITON_INTERPRET=1 on CPU: decode split-map
-    kernel reading the device block tables in place, Triton chunk prefill) gives the greedy tokens
-    of the torch data plane, with a non-uniform profile compressing; pool integrity holds."""
+    kernel reading the device block tables in place, Triton chunk prefill) gives the dense oracle's
+    greedy tokens (which the torch data plane gives in the tests above), with a non-uniform profile
+    compressing; pool integrity holds."""
     path, _, _ = tiny_llama
     profile = _scorer_profile(tmp_path, path, "snapkv")
     import torch
 
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (121, 33)]   # 3 chunks of 48; one
-    want, info = run_engine(path, prompts, tangram_profile=profile, tangram_data_plane="torch")
-    assert info["pool_info"]["data_plane"] == "torch"
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     got, info = run_engine(path, prompts, tangram_profile=profile, tangram_data_plane="triton")
     pool = info["pool_info"]
     assert pool["data_plane"] == "triton" and pool["integrity"] == "ok" and pool["saved_vs_full_kv"] > 0
-    assert got == want
+    assert got == oracle_tokens(path, profile, prompts)
 
 
 def test_max_new_tokens_capped_to_what_the_pool_can_hold(tiny_llama, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 import sglang
 import torch
 from served import IDLE_KWARGS
+from tiny_model import oracle_tokens
 
 from tangram_sglang.profile import ModelShape
 from tangram_sglang.profile.builder import make_entry
@@ -60,20 +61,20 @@ def test_tp2_with_a_lossless_profile_serves_hf_greedy(tiny_llama, tmp_path, two_
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
-def test_tp2_compressing_serves_tp1_tokens_when_ranks_need_equal_budgets(tiny_llama, tmp_path, two_ranks,
-                                                                        kv_cache_dtype):
-    """Budgets whose ranks already hold the same multiset (no raise): TP=2 keeps exactly what TP=1
-    keeps (each rank scores its own heads with their own query heads) and serves the same tokens,
-    with the model's KV type and with FP8 pages."""
+def test_tp2_compressing_serves_the_oracle_tokens_when_ranks_need_equal_budgets(tiny_llama, tmp_path, two_ranks,
+                                                                               kv_cache_dtype):
+    """Budgets whose ranks already hold the same multiset (no raise): TP=2 keeps exactly what one
+    process keeps (each rank scores its own heads with their own query heads) and serves the dense
+    oracle's tokens (which TP=1 serves: test_engine_tiny), with the model's KV type and with FP8 pages."""
     path, _, _ = tiny_llama
     profile = snapkv_profile(tmp_path, path, [[0.4, 0.8], [0.8, 0.4]])
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (150, 97, 230)]
-    want, _ = run_engine(path, prompts, 1, tangram_profile=profile, kv_cache_dtype=kv_cache_dtype)
     got, info = run_engine(path, prompts, 2, tangram_profile=profile, kv_cache_dtype=kv_cache_dtype)
     assert info["pool_info"]["integrity"] == "ok" and info["pool_info"]["saved_vs_full_kv"] > 0
     assert info["pool_info"]["kv_dtype"] == {"auto": "float32", "fp8_e4m3": "float8_e4m3fn"}[kv_cache_dtype]
-    assert got == want
+    kv = {"kv_dtype": torch.float8_e4m3fn} if kv_cache_dtype == "fp8_e4m3" else {}
+    assert got == oracle_tokens(path, profile, prompts, **kv)
 
 
 def test_tp2_under_pressure_ranks_admit_alike(tiny_llama, tmp_path, two_ranks):

@@ -1,7 +1,7 @@
 """End to end: SGLang serves SmolLM2 with Tangram compression (SnapKV profile, rho = 0.25).
 
-One server (port 31741, the default pool) for the API, frontend, multi-turn
-reuse and concurrency tests; then a second one with a small pool (port 31742,
+One server (port 31741, the default pool) for the API, metrics, frontend,
+multi-turn reuse and concurrency tests; then a second one with a small pool (port 31742,
 ``--max-total-tokens 1024`` = 5760 ragged pages) for the soak, where the
 segment tree must evict, and for a prompt that can never fit. The main server
 is stopped before the small one starts: an idle SGLang scheduler busy-polls a
@@ -66,7 +66,8 @@ def essay_ids(tokenizer):
 @pytest.fixture(scope="module")
 def server(smollm2_path):
     with ServerProcess(smollm2_path, port=PORT, profile=PROFILE,
-                       extra_args=["--tangram-ratio", str(RATIO), "--enable-cache-report", *IDLE_ARGS]) as srv:
+                       extra_args=["--tangram-ratio", str(RATIO), "--enable-cache-report", "--enable-metrics",
+                                   *IDLE_ARGS]) as srv:
         _LIVE.append(srv)
         yield srv
         _LIVE.remove(srv)
@@ -114,6 +115,47 @@ def test_chat_streaming_and_generate(server):
         tangram = json.loads(r.read())["internal_states"][0]["tangram"]
     assert tangram["ratio"] == RATIO and tangram["method"] == "snapkv" and tangram["profile"] == PROFILE
     assert tangram["pool_info"]["integrity"] == "ok"
+
+
+def test_chat_completion_multi_turn(server):
+    """A short conversation (all within the protected newest tokens: nothing to compress) answers
+    like the model; turn 2 re-sends turn 1, which the radix tree serves from cache."""
+    client = openai_client(server)
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    first = client.chat.completions.create(model="m", messages=messages, max_tokens=16, temperature=0)
+    assert "Paris" in first.choices[0].message.content
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And of Italy?"}]
+    second = client.chat.completions.create(model="m", messages=messages, max_tokens=16, temperature=0)
+    assert second.choices[0].message.content.strip()
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+
+
+def scrape(url: str) -> dict[str, float]:
+    """{metric name with labels: value} of a Prometheus text page."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def _one(metrics: dict[str, float], name: str) -> float:
+    (value,) = [v for k, v in metrics.items() if k.split("{")[0] == name]
+    return value
+
+
+def test_pool_gauges_on_sglang_metrics_endpoint(server):
+    generate(server.url, {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 4}})
+    metrics = scrape(server.url)
+    info, _ = state(server)
+    assert _one(metrics, "tangram:pages_total") == info["pages_total"] > 0
+    assert _one(metrics, "sglang:num_running_reqs") >= 0  # beside stock SGLang's own gauges
+    # Set at the last prefill log: at least this request was admitted, none refused.
+    assert 1 <= _one(metrics, "tangram:admitted") <= info["admitted"]
+    assert _one(metrics, "tangram:too_large") == info["too_large"] == 0
+    assert 0 < _one(metrics, "tangram:pages_used") <= info["pages_total"]
+    labels = [k for k in metrics if k.startswith("tangram:pages_total")][0]
+    assert 'model_name="' in labels  # SGLang's labels
 
 
 def test_frontend_program_three_turns(server):
