@@ -839,6 +839,14 @@ def soak_headline() -> str:
             f"{r['integrity_after_flush']}, {r['pages_used_after_flush']} pages left after flush")
 
 
+def fuzz_headline() -> str:
+    data = load("serving/fuzz.json")
+    against, state = data["summary"]["against_profile"], data["end_state"]
+    counted = ", ".join(f"{against.get(k, 0)} {k}" for k in ("5xx", "traceback", "unhealthy", "lost"))
+    return (f"{data['summary']['cases']} cases; against the profile: {counted}; integrity {state['integrity']}, "
+            f"{state['pages_used_after_flush']} pages left after flush")
+
+
 def control_plane_headline() -> str:
     rows = load("timing/control_plane.json")["rows"]
     return (f"exact reservation {spread([r['compress_reclaim'][0] / r['tangram'][0] for r in rows])} faster than "
@@ -966,6 +974,8 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                      f"{r['refused']} refused, {r['failed']} failed"
                      for r in load("serving/pressure.json")["rows"]), None),
     "soak": ("200 multi-turn sessions with aborts, hang-ups and retractions on a small pool", soak_headline, None),
+    "fuzz": ("SGLang's request schemas fuzzed (hypothesis) against the shipped FastKVzip profile's server and "
+             "stock's at the same flags: /generate, OpenAI completions and chat, sessions", fuzz_headline, None),
     "prefill_history_smollm2": ("Prefill over a cached history (0 / 2,048 / 6,000 tokens, 0 or 4 requests decoding "
                                 "beside), SmolLM2, FastKVzip 0.4 and a 1.0 control against stock, 3 alternating runs",
                                 lambda: prefill_history_headline("prefill_history_smollm2"), None),
