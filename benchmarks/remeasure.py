@@ -134,6 +134,7 @@ FIGURES: tuple[Figure, ...] = (
     # serving: tens of minutes each
     Figure("pressure", "serving", "benchmarks.serving.pressure", (), ("--quick",)),
     Figure("soak", "serving", "benchmarks.serving.soak", ("--sessions", "200"), ("--sessions", "12", "--workers", "4")),
+    Figure("fuzz", "serving", "benchmarks.serving.fuzz", (), ("--cases", "3")),
     # the pool where memory binds hardest (stock reused 2% of the history there, one run, 2026-09), every stock
     # a user could run (fcfs, lpm, each with and without the waiting-queue refresh), 3 alternating runs
     _concurrency("concurrency_multiturn_r04", "--sessions 12 --turns 4 --prompt-tokens 1000 --new-tokens 150 "

@@ -365,6 +365,21 @@ def soak_table() -> list[str]:
                    r["evicted_segments"], r["waited"], round(r["seconds"] / 60)]])
 
 
+def fuzz_table() -> list[str]:
+    """Per endpoint: cases, outcomes alike on both servers, outcomes that differ, and what counts against the
+    profile (5xx where stock answered otherwise, tracebacks, failed health probes, lost connections)."""
+    cases = load("serving/fuzz.json")["cases"]
+    rows = []
+    for path in dict.fromkeys(c["path"] for c in cases):
+        mine = [c for c in cases if c["path"] == path]
+        same = sum(c["profile"]["class"] == c["stock"]["class"] for c in mine)
+        kinds = [sum(k in c["verdicts"] for c in mine) for k in ("5xx", "traceback", "unhealthy", "unhealthy, as stock",
+                                                                 "lost")]
+        rows.append([f"`{path}`", len(mine), same, len(mine) - same, *kinds])
+    return table(["endpoint", "cases", "same outcome as stock", "different outcome", "5xx where stock did not",
+                  "tracebacks", "unhealthy after (stock not)", "unhealthy after, as stock", "connection lost"], rows)
+
+
 # ---------------------------------------------------------------- components
 
 def server_label(row: dict, ratio) -> str:
@@ -712,6 +727,7 @@ DOC_BLOCKS = {
     "replicas": replicas_table,
     "pressure": pressure_table,
     "soak": soak_table,
+    "fuzz": fuzz_table,
     "prefill-cost": prefill_table,
     "prefill-history": prefill_history_table,
     "prefill-history-qwen": lambda: prefill_history_table("prefill_history_qwen25-05b"),
@@ -841,8 +857,9 @@ def soak_headline() -> str:
 
 def fuzz_headline() -> str:
     data = load("serving/fuzz.json")
-    against, state = data["summary"]["against_profile"], data["end_state"]
-    counted = ", ".join(f"{against.get(k, 0)} {k}" for k in ("5xx", "traceback", "unhealthy", "lost"))
+    against, state = data["summary"]["against_profile"], data["end_state"]["profile"]
+    counted = ", ".join(f"{against.get(k, 0)} {k}" for k in ("5xx", "traceback", "unhealthy", "unhealthy, as stock",
+                                                             "lost"))
     return (f"{data['summary']['cases']} cases; against the profile: {counted}; integrity {state['integrity']}, "
             f"{state['pages_used_after_flush']} pages left after flush")
 

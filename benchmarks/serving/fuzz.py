@@ -8,7 +8,8 @@ case both servers get a one-token request. What counts against the profile:
 
   5xx         a server error (or an error inside a 200 stream) where stock answered otherwise
   traceback   a traceback in the profile server's log where stock logged none for the case
-  unhealthy   the one-token request after the case failed (the server died: restarted, counted)
+  unhealthy   the one-token request after the case failed (the server is restarted, its log kept);
+              "unhealthy, as stock" when stock's failed too (a fault of SGLang's the profile inherits)
   lost        the connection broke where stock answered
 
 Statuses that differ otherwise (say 400 against 200: a refusal) are listed for reading, not counted.
@@ -24,6 +25,8 @@ import argparse
 import collections
 import json
 import os
+import re
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,6 +45,7 @@ os.environ.setdefault("TANGRAM_INTEGRITY_CHECK", "1")  # the profile's server ch
 PORT, STOCK_PORT = 31871, 31872
 PROFILE, RATIO = "configs/smollm2-fastkvzip.yaml", "0.4"
 SERVER_ARGS = ["--max-total-tokens", "4096", "--enable-cache-report", "--sleep-on-idle"]
+KINDS = ("5xx", "traceback", "unhealthy", "unhealthy, as stock", "lost")  # what a case can count against the profile
 PROBE = {"text": "Hello", "sampling_params": {"temperature": 0, "max_new_tokens": 1}}
 
 
@@ -64,10 +68,11 @@ def message(body) -> str:
 
 
 class Side:
-    """One server under fuzz: sends cases, probes its health, restarts it when it died."""
+    """One server under fuzz: sends cases, probes its health, restarts it when it stops answering (its log
+    kept beside as LOG.crashN, the crash's last line recorded)."""
 
     def __init__(self, name: str, server: ServerProcess):
-        self.name, self.server, self.restarts = name, server, 0
+        self.name, self.server, self.crashes = name, server, []
 
     def send(self, path: str, body: dict, timeout: float) -> dict:
         before = log_tracebacks(self.server.log_path)
@@ -76,25 +81,33 @@ class Side:
                 "tracebacks": log_tracebacks(self.server.log_path) - before}
 
     def healthy(self) -> bool:
-        """The one-token request succeeds; a dead server is restarted (and the case counted)."""
+        """The one-token request succeeds; otherwise the server is restarted and False returned."""
         if self.server.proc.poll() is None and call(self.server.url + "/generate", PROBE, 180)[0] == 200:
             return True
-        if self.server.proc.poll() is not None:
-            self.restarts += 1
-            self.server.stop()
-            self.server.start()
+        kept = f"{self.server.log_path}.crash{len(self.crashes) + 1}"
+        self.server.stop()
+        shutil.copy(self.server.log_path, kept)
+        self.crashes.append({"log": kept, "error": last_error(kept)})
+        self.server.start()
         return False
 
 
-def verdicts(prof: dict, stock: dict, healthy: bool) -> list[str]:
-    """What counts against the profile in one case (module docstring)."""
+def last_error(log_path: str) -> str:
+    """The last exception line of a log (``SomeError: ...`` after a traceback), or ''."""
+    with open(log_path, errors="replace") as f:
+        lines = [ln.strip() for ln in f if re.match(r"^\s*[\w.]+(Error|Exception)\b", ln)]
+    return lines[-1][:300] if lines else ""
+
+
+def verdicts(prof: dict, stock: dict) -> list[str]:
+    """What counts against the profile in one case (module docstring); a crash stock shares is its own kind."""
     out = []
     if prof["class"] in ("5xx", "stream-error") and stock["class"] not in ("5xx", "stream-error"):
         out.append("5xx")
     if prof["tracebacks"] and not stock["tracebacks"]:
         out.append("traceback")
-    if not healthy:
-        out.append("unhealthy")
+    if not prof["healthy_after"]:
+        out.append("unhealthy" if stock["healthy_after"] else "unhealthy, as stock")
     if prof["class"] == "lost" and stock["class"] != "lost":
         out.append("lost")
     return out
@@ -112,10 +125,13 @@ def fuzz_path(path: str, schemas: Schemas, sides: tuple[Side, Side], n: int, rng
     def run(body):
         with ThreadPoolExecutor(2) as ex:
             prof, stock = ex.map(lambda s: s.send(path, body, timeout), sides)
-        healthy = sides[0].healthy()
-        sides[1].healthy()
+        crashes = [len(s.crashes) for s in sides]
+        for side, res, n in zip(sides, (prof, stock), crashes):
+            side.healthy()
+            res["healthy_after"] = side.crashes[n:] == []
+            res["crash"] = side.crashes[n]["error"] if side.crashes[n:] else ""
         rec = {"path": path, "body": json.dumps(body)[:400], "profile": prof, "stock": stock,
-               "verdicts": verdicts(prof, stock, healthy)}
+               "verdicts": verdicts(prof, stock)}
         records.append(rec)
         print(f"{path} #{len(records)}: profile {prof['class']} stock {stock['class']}"
               + (f"  !! {rec['verdicts']}" if rec["verdicts"] else ""), flush=True)
@@ -132,7 +148,7 @@ def end_state(side: Side) -> dict:
         time.sleep(1)
     info = pool_info(side.server.url)
     return {"integrity": info["integrity"], "pages_used_after_flush": info["pages_used"],
-            "running_requests": info["running_requests"], "restarts": side.restarts,
+            "running_requests": info["running_requests"], "restarts": len(side.crashes),
             "tracebacks_in_log": log_tracebacks(side.server.log_path)}
 
 
@@ -150,7 +166,7 @@ def write(records: list[dict], summary: dict, state: dict, args, run_stamp: dict
              f"with `{PROFILE}` at {RATIO} and to stock SGLang, same flags (`{' '.join(SERVER_ARGS)}`); "
              f"cases past {args.timeout:.0f} s hung up on. Command: `{run_stamp['command']}`.", "",
              "## Against the profile", ""]
-    lines += [f"- {k}: {summary['against_profile'].get(k, 0)}" for k in ("5xx", "traceback", "unhealthy", "lost")]
+    lines += [f"- {k}: {summary['against_profile'].get(k, 0)}" for k in KINDS]
     lines += ["", f"End state of the profile's server: {json.dumps(state)}", "",
               "## Status classes (stock / profile)", "", "| endpoint | outcome | cases |", "| --- | --- | --- |"]
     for path, counts in summary["by_path"].items():
@@ -191,7 +207,8 @@ def main() -> None:
         records = []
         for i, path in enumerate(args.paths):
             records += fuzz_path(path, schemas, sides, args.cases, args.seed + i, args.timeout)
-        state = end_state(sides[0])
+        state = {"profile": end_state(sides[0]),
+                 "stock_restarts": len(sides[1].crashes), "crashes": {s.name: s.crashes for s in sides}}
     summary = summarize(records)
     print(json.dumps(summary, indent=1))
     write(records, summary, state, args, run_stamp)

@@ -44,8 +44,10 @@ def texts() -> st.SearchStrategy:
 
 def token_ids() -> st.SearchStrategy:
     """Lists of token ids: in the vocabulary, just past it, negative, empty, long."""
-    tok = st.one_of(st.integers(0, 49151), st.sampled_from([49152, 10**9, -1]))
-    return st.one_of(st.lists(tok, max_size=12), st.lists(st.integers(0, 49151), min_size=500, max_size=1500))
+    vocab = st.integers(0, 49151)
+    past = st.lists(st.one_of(vocab, st.sampled_from([49152, 10**9, -1])), min_size=1, max_size=12)
+    short, long = st.lists(vocab, max_size=12), st.lists(vocab, min_size=500, max_size=1500)
+    return st.one_of(short, short, short, long, long, past)  # ids past the vocabulary in 1 list of 6
 
 
 def anything(depth: int = 0) -> st.SearchStrategy:
