@@ -1,9 +1,10 @@
 """A fuzzed HTTP surface: SGLang's own request schemas against a profile's server and stock's (issue 50, item 5).
 
 Two servers at the same settings, SmolLM2 with the shipped FastKVzip profile at 0.4 and stock SGLang,
-receive the same cases: each endpoint's small valid request with a few fields replaced by values drawn
-from SGLang's OpenAPI schema and its SamplingParams (benchmarks/serving/fuzz_schema.py; hypothesis, a
-fixed seed). A case that runs past ``--timeout`` is hung up on (SGLang then aborts it). After every
+receive the same cases: a few fixed ones per endpoint (fuzz_schema.EXAMPLES: inputs that once took a
+server down), then each endpoint's small valid request with a few fields replaced by values drawn from
+SGLang's OpenAPI schema and its SamplingParams (benchmarks/serving/fuzz_schema.py; hypothesis, a fixed
+seed). A case that runs past ``--timeout`` is hung up on (SGLang then aborts it). After every
 case both servers get a one-token request. What counts against the profile:
 
   5xx         a server error (or an error inside a 200 stream) where stock answered otherwise
@@ -30,14 +31,14 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, example, given, seed, settings
 
 from benchmarks.common.client import call, log_tracebacks, pool_info
 from benchmarks.common.models import ensure_model
 from benchmarks.common.paths import ROOT, result_path
 from benchmarks.common.results import write_json, write_markdown
 from benchmarks.common.stamp import stamp
-from benchmarks.serving.fuzz_schema import BASES, Schemas, case
+from benchmarks.serving.fuzz_schema import BASES, EXAMPLES, Schemas, case
 from tangram_sglang.sglang.server_process import ServerProcess
 
 os.environ.setdefault("TANGRAM_INTEGRITY_CHECK", "1")  # the profile's server checks its pool on /server_info
@@ -75,10 +76,18 @@ class Side:
         self.name, self.server, self.crashes = name, server, []
 
     def send(self, path: str, body: dict, timeout: float) -> dict:
-        before = log_tracebacks(self.server.log_path)
         status, answer = call(self.server.url + path, body, timeout)
-        return {"status": status, "class": status_class(status, answer), "message": message(answer),
-                "tracebacks": log_tracebacks(self.server.log_path) - before}
+        return {"status": status, "class": status_class(status, answer), "message": message(answer)}
+
+    def settle(self, result: dict, tracebacks_before: int) -> None:
+        """After a case: probe (restarting a server that stopped answering), then the case's new tracebacks,
+        counted after the probe since a server may log one after it answered."""
+        crashes = len(self.crashes)
+        self.healthy()
+        crashed = self.crashes[crashes:]
+        log = crashed[0]["log"] if crashed else self.server.log_path
+        result.update(healthy_after=not crashed, crash=crashed[0]["error"] if crashed else "",
+                      tracebacks=log_tracebacks(log) - tracebacks_before)
 
     def healthy(self) -> bool:
         """The one-token request succeeds; otherwise the server is restarted and False returned."""
@@ -119,23 +128,23 @@ def fuzz_path(path: str, schemas: Schemas, sides: tuple[Side, Side], n: int, rng
     records = []
 
     @seed(rng_seed)
-    @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
+    @settings(max_examples=n, database=None, deadline=None, phases=[Phase.explicit, Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(case(schemas, path))
     def run(body):
+        before = [log_tracebacks(side.server.log_path) for side in sides]
         with ThreadPoolExecutor(2) as ex:
             prof, stock = ex.map(lambda s: s.send(path, body, timeout), sides)
-        crashes = [len(s.crashes) for s in sides]
-        for side, res, n in zip(sides, (prof, stock), crashes):
-            side.healthy()
-            res["healthy_after"] = side.crashes[n:] == []
-            res["crash"] = side.crashes[n]["error"] if side.crashes[n:] else ""
+        for side, res, n in zip(sides, (prof, stock), before):
+            side.settle(res, n)
         rec = {"path": path, "body": json.dumps(body)[:400], "profile": prof, "stock": stock,
                "verdicts": verdicts(prof, stock)}
         records.append(rec)
         print(f"{path} #{len(records)}: profile {prof['class']} stock {stock['class']}"
               + (f"  !! {rec['verdicts']}" if rec["verdicts"] else ""), flush=True)
 
+    for body in reversed(EXAMPLES[path]):  # sent first, in order
+        run = example(body)(run)
     run()
     return records
 

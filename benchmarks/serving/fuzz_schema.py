@@ -25,6 +25,20 @@ BASES = {
     "/open_session": {"capacity_of_str_len": 256},
     "/close_session": {"session_id": "no-such-session"},
 }
+# Cases every run sends first (hypothesis explicit examples): inputs that once took a server down.
+_SP = {"temperature": 0, "max_new_tokens": 8}
+EXAMPLES = {
+    "/generate": [{"text": "", "sampling_params": _SP},                        # stock 0.5.23's scheduler dies
+                  {"input_ids": [5, 6, 49152], "sampling_params": _SP},       # past the vocabulary: both die
+                  {"input_ids": [5, -1, 7], "sampling_params": _SP},
+                  {"text": "Hi", "sampling_params": {**_SP, "n": 2}},
+                  {"text": "Hi", "sampling_params": {**_SP, "max_new_tokens": 10**9}},
+                  {"text": "Hi", "return_logprob": True, "logprob_start_len": 0, "sampling_params": _SP}],
+    "/v1/completions": [{**BASES["/v1/completions"], "prompt": [5, 6, 49152]}],
+    "/v1/chat/completions": [{**BASES["/v1/chat/completions"], "n": 2, "logprobs": True, "top_logprobs": 3}],
+    "/open_session": [],
+    "/close_session": [],
+}
 # Set by SamplingParams.normalize(), not by a request.
 _INTERNAL_SAMPLING = {"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len",
                       "is_normalized", "ebnf_full_assistant"}
