@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from benchmarks.serving.fuzz_schema import BASES, Schemas, case, sampling_params
 
 DOC = {
-    "paths": {"/x": {"post": {"requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/X"}}}}}}},
+    "paths": {"/x": {"post": {"requestBody": {"content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/X"}}}}}}},
     "components": {"schemas": {
         "X": {"type": "object", "required": ["name"], "properties": {
             "name": {"type": "string"},

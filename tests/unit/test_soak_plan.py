@@ -1,13 +1,32 @@
-"""benchmarks.serving.soak_faults: the session plan, the outcome of a request, the run's counts (no server)."""
+"""benchmarks/serving/soak_faults: the session plan, the outcome of a request, the run's counts (no server)."""
 
 import collections
 import json
 
 import pytest
 
-from benchmarks.serving import soak_faults as soak
-from benchmarks.serving.soak_faults import (FAULTS, SHARES, attribute_kill, burst_turns, classify, pick_fault,
-                                            plan_session, read_stream, rss_check, session_status, summarize)
+from benchmarks.serving.soak_faults.after_load import logged_retractions
+from benchmarks.serving.soak_faults.client import usage_fields
+from benchmarks.serving.soak_faults.outcomes import (
+    attribute_kill,
+    classify,
+    error_message,
+    read_stream,
+    rss_check,
+    session_status,
+    summarize,
+)
+from benchmarks.serving.soak_faults.plan import (
+    FAULTS,
+    QUESTIONS,
+    SHARES,
+    Turn,
+    burst_turns,
+    chat_payload,
+    pick_fault,
+    plan_session,
+    question_text,
+)
 
 WORDS = 17000  # about the essays' length
 
@@ -74,13 +93,13 @@ def test_a_burst_is_fixed_by_seed_and_number_and_asks_long_answers():
 
 def test_payload_asks_greedy_and_ignore_eos_only_when_planned():
     p = next(plan_session(0, i, WORDS) for i in range(200) if plan_session(0, i, WORDS).fault == "pressure")
-    payload = soak.chat_payload("m", [{"role": "user", "content": "x"}], p.turns[0])
+    payload = chat_payload("m", [{"role": "user", "content": "x"}], p.turns[0])
     assert payload["temperature"] == 0 and payload["ignore_eos"] is True
     assert payload["max_tokens"] == p.turns[0].max_tokens
-    plain = soak.Turn(offset=2, words=3, question=1, max_tokens=30, think_s=0, stream=False)
-    assert "ignore_eos" not in soak.chat_payload("m", [], plain)
+    plain = Turn(offset=2, words=3, question=1, max_tokens=30, think_s=0, stream=False)
+    assert "ignore_eos" not in chat_payload("m", [], plain)
     words = "a b c d e f".split()
-    assert soak.question_text(plain, words) == "c d e\n\n" + soak.QUESTIONS[1]
+    assert question_text(plain, words) == "c d e\n\n" + QUESTIONS[1]
 
 
 def raw(status=200, text=None, error="", **kw):
@@ -105,11 +124,11 @@ def test_classify(r, kind):
 
 
 def test_error_messages_of_sglang_and_the_router():
-    assert soak.error_message({"object": "error", "message": "bad", "code": 400}) == "bad"
-    assert soak.error_message({"error": {"message": "oom", "code": 400}}) == "oom"
-    assert soak.error_message({"error": "no worker"}) == "no worker"
-    assert soak.error_message(" Service Unavailable \n") == "Service Unavailable"
-    assert soak.error_message("") == "" and soak.error_message({}) == ""
+    assert error_message({"object": "error", "message": "bad", "code": 400}) == "bad"
+    assert error_message({"error": {"message": "oom", "code": 400}}) == "oom"
+    assert error_message({"error": "no worker"}) == "no worker"
+    assert error_message(" Service Unavailable \n") == "Service Unavailable"
+    assert error_message("") == "" and error_message({}) == ""
 
 
 def sse(*objs, done=True):
@@ -127,7 +146,7 @@ CHUNKS = [{"choices": [{"delta": {"role": "assistant", "content": ""}, "finish_r
 def test_a_stream_is_read_to_its_end_or_hung_up_on():
     out = read_stream(sse(*CHUNKS))
     assert out["text"] == "Hello" and out["finish"] == "stop" and not out["error"] and out["gave_up"] is None
-    assert soak.usage_fields(out) == {"prompt_tokens": 9, "completion_tokens": 2, "cached_tokens": 4}
+    assert usage_fields(out) == {"prompt_tokens": 9, "completion_tokens": 2, "cached_tokens": 4}
     cut = read_stream(sse(*CHUNKS), hang_up_after=2)
     assert cut["gave_up"] == "hangup" and cut["text"] is None and classify({"status": 200, **cut}) == "client hang-up"
     late = read_stream(sse(*CHUNKS), hang_up_after=9)  # the answer ended first: an answer
@@ -203,5 +222,5 @@ def test_retractions_are_read_from_sglangs_log(tmp_path):
     log.write_text("[12:00:01] Decode batch, #running-req: 3\n"
                    "[12:00:02] KV cache pool is full. Retract requests. #retracted_reqs: 1, #new_tokens_gained: 52\n"
                    "[12:00:09] KV cache pool is full. Retract requests. #retracted_reqs: 2, #new_tokens_gained: 10\n")
-    assert soak.logged_retractions(str(log)) == 3
-    assert soak.logged_retractions(str(tmp_path / "missing.log")) == 0
+    assert logged_retractions(str(log)) == 3
+    assert logged_retractions(str(tmp_path / "missing.log")) == 0

@@ -1,0 +1,105 @@
+"""After the load: idle, flush, the pool's pages and integrity, the greedy replay, the logs."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+
+from benchmarks.common.client import pool_info
+from benchmarks.common.log import logger
+from benchmarks.serving.soak_faults.client import chat_once, usage_fields
+from benchmarks.serving.soak_faults.fleet import REPLICA_PORTS, flush
+from benchmarks.serving.soak_faults.plan import chat_payload
+
+log = logger("soak")
+
+
+def replay(url: str, model: str, histories: dict[int, list[dict]], count: int, seed: int) -> dict:
+    """``count`` of the finished plain sessions sent again alone, turn by turn with the soak's messages,
+    the cache flushed before each; each answer compared with the soak's."""
+    picked = sorted(random.Random(seed).sample(sorted(histories), min(count, len(histories))))
+    turns, mismatches = [], []
+    for index in picked:
+        flush(url)
+        for k, h in enumerate(histories[index], 1):
+            raw = chat_once(url, chat_payload(model, h["messages"], h["turn"]), 600)
+            alone = raw["text"] if raw["text"] is not None else f"(error: {raw['error']})"
+            cached = usage_fields(raw)["cached_tokens"]
+            turns.append({"same": alone == h["answer"], "same_cache": cached == h["cached_tokens"]})
+            if alone == h["answer"]:
+                continue
+            at = next((i for i, (a, b) in enumerate(zip(alone, h["answer"])) if a != b),
+                      min(len(alone), len(h["answer"])))
+            mismatches.append({"session": index, "turn": k, "soak_cached_tokens": h["cached_tokens"],
+                               "alone_cached_tokens": cached, "first_difference_at": at,
+                               "soak": h["answer"][max(0, at - 40):at + 80], "alone": alone[max(0, at - 40):at + 80]})
+    same_cache = [t for t in turns if t["same_cache"]]
+    return {"sessions": len(picked), "turns": len(turns), "identical": sum(t["same"] for t in turns),
+            "turns_same_cached_tokens": len(same_cache),
+            "identical_same_cached_tokens": sum(t["same"] for t in same_cache),
+            "mismatches": mismatches, "session_indices": picked}
+
+
+def pool_after(url: str) -> dict:
+    keys = ("integrity", "pages_used", "pages_reserved", "pages_held_by_tree", "pages_total", "retracted",
+            "evicted_segments", "admitted", "waited", "capped", "too_large", "peak_pages_used", "running_requests")
+    try:
+        info = pool_info(url, timeout=60)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+    return {k: info.get(k) for k in keys}
+
+
+def logged_retractions(path: str) -> int:
+    """Requests SGLang's log says it retracted ("KV cache pool is full. Retract requests. #retracted_reqs: N")."""
+    if not os.path.exists(path):
+        return 0
+    with open(path, errors="replace") as f:
+        return sum(int(m.group(1)) for line in f if (m := re.search(r"#retracted_reqs: (\d+)", line)))
+
+
+def traceback_excerpts(path: str, lines_after: int = 12, most: int = 3) -> list[str]:
+    """The first ``most`` tracebacks of a log, each with the lines after it."""
+    if not os.path.exists(path):
+        return []
+    with open(path, errors="replace") as f:
+        text = f.readlines()
+    return ["".join(text[i:i + lines_after]) for i, line in enumerate(text) if "Traceback" in line][:most]
+
+
+def plot(samples: list[dict], kill: dict, path: str, title: str) -> str | None:
+    """RSS and pool pages of each replica over time, the kill and the restart marked; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed: no plot")
+        return None
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for i in range(len(REPLICA_PORTS)):
+        rows = [s for s in samples if s["replica"] == i]
+        t = [s["t"] / 60 for s in rows]
+        top.plot(t, [s["rss_mb"] if s["rss_mb"] is not None else float("nan") for s in rows], label=f"replica {i}")
+        bottom.plot(t, [s["pages_used"] if s["pages_used"] is not None else float("nan") for s in rows],
+                    label=f"replica {i}")
+    total = next((s["pages_total"] for s in samples if s.get("pages_total")), None)
+    if total:
+        bottom.axhline(total, color="grey", lw=0.8, ls=":", label="pages in the pool")
+    for ax in (top, bottom):
+        for key, style, name in (("killed_s", "--", "replica killed"), ("ready_s", "-.", "serving again")):
+            if key in kill:
+                ax.axvline(kill[key] / 60, color="red", ls=style, lw=1, label=name)
+    top.set_ylabel("resident memory, MiB")
+    bottom.set_ylabel("pool pages used")
+    bottom.set_xlabel("minutes from the start of the load (the last points: after the flush)")
+    top.legend(fontsize=8)
+    bottom.legend(fontsize=8)
+    top.set_title(title, fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
