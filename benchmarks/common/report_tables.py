@@ -689,6 +689,7 @@ def key_results() -> list[str]:
                  f"{r['answered']} answered, {len(r['errors'])} failed, {r['tracebacks']} tracebacks, integrity "
                  f"{r['integrity_after_flush']}, {r['pages_used_after_flush']} pages left after flush", "-",
                  link("serving/soak.json")])
+    rows.append(fuzz_row())
     d = load("timing/prefill_cost.json")
     gate = next(x for x, q in zip(d["rows"], per_run_ratios(d["rows"], "times_s")) if "fastkvzip" in
                 str(x["profile"]))
@@ -862,6 +863,22 @@ def fuzz_headline() -> str:
                                                              "lost"))
     return (f"{data['summary']['cases']} cases; against the profile: {counted}; integrity {state['integrity']}, "
             f"{state['pages_used_after_flush']} pages left after flush")
+
+
+def fuzz_row() -> list:
+    """The README row of the fuzzed HTTP surface: what counts against the profile, and stock's crashes."""
+    data = load("serving/fuzz.json")
+    against, cases = data["summary"]["against_profile"], data["cases"]
+    paths = len({c["path"] for c in cases})
+    shared = against.get("unhealthy, as stock", 0)
+    stock_only = sum(not c["stock"]["healthy_after"] and c["profile"]["healthy_after"] for c in cases)
+    own = ", ".join(f"{against.get(k, 0)} {label}" for k, label in
+                    (("5xx", "5xx where stock did not"), ("traceback", "tracebacks"), ("unhealthy", "crashes"),
+                     ("lost", "lost connections")))
+    return [f"Fuzzed requests: {len(cases)} cases of SGLang's request schemas on {paths} endpoints, "
+            "the shipped FastKVzip 0.4 against stock at the same flags", f"{own}; {shared} crashes stock shares",
+            f"stock crashed on {stock_only + shared} cases ({stock_only} the profile refuses)",
+            link("serving/fuzz.json")]
 
 
 def control_plane_headline() -> str:
