@@ -155,6 +155,25 @@ class SegmentStore:
         self.evict(seg_id)
         return parts[0], parts[1]
 
+    def freeable(self, whole: list[int], window_rows_of: list[int] = (), window: np.ndarray | None = None) -> int:
+        """Pages that dropping segments ``whole`` entirely, and the sliding-window columns (rows with
+        window[v] > 0) of segments ``window_rows_of``, would return to the free list: the pages every
+        reference of which (pool refcount: segments and requests) is among those dropped. Nothing
+        changes. O(pages of those segments)."""
+        parts = [self.get(i).page_ids for i in whole]
+        for i in window_rows_of:
+            seg = self.get(i)
+            rows, _ = ragged_index(seg.page_counts)
+            parts.append(seg.page_ids[window[rows] > 0])
+        if not parts:
+            return 0
+        ids = np.concatenate(parts)
+        ids = ids[ids >= 0].astype(np.int64)
+        if ids.size == 0:
+            return 0
+        dropped = np.bincount(ids, minlength=self.pool.num_pages)
+        return int(np.count_nonzero((dropped > 0) & (dropped == self.pool.refcount)))
+
     def held(self) -> np.ndarray:
         """Page ids referenced by segments, one entry per reference (dead columns skipped). int32."""
         if not self.segments:

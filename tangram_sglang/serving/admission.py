@@ -3,9 +3,11 @@
 Admission owns the rule "reserve exactly what a request will use, or wait": the pages of a
 request's whole chunk schedule (prefix shared, every chunk compressed, protected tokens kept,
 plus decode room) are reserved at once, evicting unlocked tree leaves first through the
-evictor it was handed (``evict(pages) -> bool``, the radix tree's). It also answers SGLang's
-arrival questions (can this prompt ever fit, how many tokens may it generate) and its decode
-capacity check, all from exact plans over the pool's integers.
+evictor it was handed (``evict(pages, reason) -> bool``, the radix tree's; it evicts nothing
+when it cannot make the room, so a request that cannot be admitted yet leaves the cached
+histories alone). It also answers SGLang's arrival questions (can this prompt ever fit, how
+many tokens may it generate) and its decode capacity check, all from exact plans over the
+pool's integers.
 """
 
 from __future__ import annotations
@@ -36,19 +38,33 @@ class PoolCounters:
     capped: int = 0
     retracted: int = 0
     evicted_segments: int = 0
+    # Tokens of tree segments evicted, by what asked for the room: a request's admission, a decode
+    # step's pages, the flush that serves a request as if its prefix were not cached (nothing runs),
+    # and SGLang's own evict calls (its logical token ids).
+    evicted_tokens_admission: int = 0
+    evicted_tokens_decode: int = 0
+    evicted_tokens_flush: int = 0
+    evicted_tokens_sglang: int = 0
+    evictions_refused: int = 0  # times room was asked that evicting every unlocked leaf could not make: nothing evicted
+    # What publishing a finished chunk or reply did with each segment: linked into the tree, freed
+    # for a twin already there (same tokens, same slots), or freed because its chain continues a twin.
+    published_segments: int = 0
+    twin_segments: int = 0
+    detached_segments: int = 0
+    matched_tokens: int = 0     # prefix tokens admitted requests found in the tree (sum)
     window_drops: int = 0   # times a tree node dropped sliding-window columns for room (again only for a later end below it)
     peak_admitted: int = 0  # most requests ever holding pages at once (admitted, not yet released)
     peak_pages_used: int = 0
 
 
-def _never_evicts(pages: int) -> bool:
+def _never_evicts(pages: int, reason: str) -> bool:
     return False
 
 
 class AdmissionControl:
     def __init__(self, context: ServingContext, cache: RaggedKVCache, counters: PoolCounters):
         self.context, self.cache, self.counters = context, cache, counters
-        self.evict: Callable[[int], bool] = _never_evicts   # the radix tree's evict_pages, once it exists
+        self.evict: Callable[[int, str], bool] = _never_evicts  # the radix tree's evict_pages, once it exists
         self._max_prompt: int | None = None
 
     def pages_alone(self, prompt_tokens: int, decode_tokens: int) -> int:
@@ -122,7 +138,7 @@ class AdmissionControl:
                 continue
             if adm is not None:
                 return adm
-            if not self.evict(max(1, self.cache.last_shortfall)):
+            if not self.evict(max(1, self.cache.last_shortfall), "admission"):
                 return None
 
     def ensure_decode_room(self, rids) -> bool:
@@ -130,7 +146,7 @@ class AdmissionControl:
         fits, then reserve its pages (nothing can take them before the step runs: a decode
         step never lacks pages); False if it cannot fit (SGLang retracts)."""
         while (short := self.cache.reserve_decode_step(rids)) > 0:
-            if not self.evict(short):
+            if not self.evict(short, "decode"):
                 return False
         return True
 

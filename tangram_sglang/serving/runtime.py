@@ -106,6 +106,7 @@ class TangramServing:
             state.copy_src, state.copy_dst = adm.copy_src, adm.copy_dst
         self.requests[rid] = state
         self.counters.admitted += 1
+        self.counters.matched_tokens += prefix_tokens
         self.counters.peak_admitted = max(self.counters.peak_admitted, len(self.requests))
         return True
 

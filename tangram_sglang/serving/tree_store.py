@@ -48,11 +48,25 @@ class TreeStore:
         """Split an uncompressed segment after num_tokens tokens: (upper part, lower part)."""
         return self._cache.store.split(seg_id, num_tokens)
 
-    def drop(self, seg_id: int, *, evicted: bool = False) -> None:
-        """Drop a segment's page references: evicted from the tree, or never linked into it."""
+    def drop(self, seg_id: int, *, evicted: str | None = None) -> None:
+        """Drop a segment's page references: evicted from the tree (``evicted``: why, as in
+        PoolCounters.evicted_tokens_<why>), or never linked into it."""
+        tokens = self._cache.store.get(seg_id).num_tokens
         self._cache.evict(seg_id)
         if evicted:
             self._counters.evicted_segments += 1
+            self.count(f"evicted_tokens_{evicted}", tokens)
+
+    def freeable_pages(self, unlocked: list[int], locked: list[int]) -> int:
+        """Pages evicting every unlocked segment would free; with sliding-window layers, also those
+        locked segments' window columns could (an upper bound: some of those stay)."""
+        if not self.has_windows:
+            return self._cache.store.freeable(unlocked)
+        return self._cache.store.freeable(unlocked, locked, self._cache.window)
+
+    def count(self, outcome: str, n: int = 1) -> None:
+        """A tree event worth reporting (PoolCounters: publish outcomes, refused evictions)."""
+        setattr(self._counters, outcome, getattr(self._counters, outcome) + n)
 
     # -- sliding-window layers ----------------------------------------------------------------------
     @property

@@ -38,6 +38,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult, Mat
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
 from tangram_sglang.serving.tree_store import TreeStore
+from tangram_sglang.sglang.radix_windows import drop_windows
 
 
 class SegNode(TreeNode):
@@ -54,31 +55,6 @@ class SegNode(TreeNode):
     @property
     def compressed(self) -> bool:
         return self.seg is not None and self.seg.compressed
-
-
-def _lock_ends_at(node) -> bool:
-    """Some lock ends at this node (a request admitted onto it, whose match was window_ready)."""
-    return node.lock_ref > sum(k.lock_ref for ks in node.children.values() for k in ks)
-
-
-def _may_end_a_match(node) -> bool:
-    """A leaf, a node that has not dropped its window pages, or one some lock ends at."""
-    return not node.children or node.window_end is None or _lock_ends_at(node)
-
-
-def _match_end_below(node) -> np.ndarray:
-    """The earliest end (slots [V]) below an interior node where a match may still end: the ends of the
-    descendants that may end one (_may_end_a_match), reached through those that dropped their window
-    pages. Reading past a dropped child costs reuse, never correctness: a match ends only where
-    window_ready."""
-    ends, stack = [], [k for ks in node.children.values() for k in ks]
-    while stack:
-        k = stack.pop()
-        if _may_end_a_match(k):
-            ends.append(k.seg.end_slots)
-        else:
-            stack.extend(c for cs in k.children.values() for c in cs)
-    return np.min(ends, axis=0)
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -221,6 +197,7 @@ class TangramRadixCache(RadixCache):
                 # or the request's history now continues a twin (below).
                 detached = True
                 self.store.drop(seg.seg_id)
+                self.store.count("detached_segments")
                 continue
             tokens = _tokens(fill[pos:end])
             ids = row[pos:end].to(torch.int64)
@@ -233,6 +210,7 @@ class TangramRadixCache(RadixCache):
                 self.token_to_kv_pool_allocator.free(ids.clone())
                 self.req_to_token_pool.write((req.kv.req_pool_idx, slice(pos, end)), twin.value.to(row.dtype))
                 self.store.drop(seg.seg_id)
+                self.store.count("twin_segments")
                 twin.last_access_time = time.monotonic()
                 parent, detached = twin, True
             else:
@@ -241,6 +219,7 @@ class TangramRadixCache(RadixCache):
                 self.evictable_size_ += seg.num_tokens
                 self._update_leaf_status(parent)
                 self._update_leaf_status(node)
+                self.store.count("published_segments")
                 parent = node
             pos = end
         pub.link(parent, pos, detached)
@@ -263,10 +242,10 @@ class TangramRadixCache(RadixCache):
         self.store.left(req.rid, retracted=not checkpointed and not req.finished())
 
     # -- eviction --------------------------------------------------------------------------------
-    def _evict_leaf(self, node: SegNode) -> int:
+    def _evict_leaf(self, node: SegNode, reason: str) -> int:
         """Drop one unlocked leaf (its logical ids and its segment's page references); returns its tokens."""
         self.token_to_kv_pool_allocator.free(node.value)
-        self.store.drop(node.seg.seg_id, evicted=True)
+        self.store.drop(node.seg.seg_id, evicted=reason)
         self._delete_leaf(node)
         return len(node.tokens)
 
@@ -275,14 +254,14 @@ class TangramRadixCache(RadixCache):
             return EvictResult()
         start, evicted = time.perf_counter(), 0
         while evicted < params.num_tokens:
-            got = self._evict_one()
+            got = self._evict_one("sglang")
             if got == 0:
                 break
             evicted += got
         self.update_eviction_metrics(evicted, start)
         return EvictResult(num_tokens_evicted=evicted)
 
-    def _evict_one(self) -> int:
+    def _evict_one(self, reason: str) -> int:
         """Evict the lowest-priority evictable leaf (SGLang's eviction strategy, LRU by default).
 
         A lazy heap: entries of nodes no longer evictable are dropped, and an entry whose
@@ -296,44 +275,40 @@ class TangramRadixCache(RadixCache):
             if now != prio:
                 heapq.heappush(self._heap, (now, nid, next(self._seq), node))
                 continue
-            return self._evict_leaf(node)
+            return self._evict_leaf(node, reason)
         return 0
 
-    def evict_pages(self, pages: int) -> bool:
-        """Evict LRU leaves until the pool has ``pages`` more available pages; False if none left."""
+    def evict_pages(self, pages: int, reason: str = "admission") -> bool:
+        """Evict LRU leaves until the pool has ``pages`` more available pages (reason: what asked,
+        counted in PoolCounters.evicted_tokens_<reason>).
+
+        When evicting every unlocked leaf could not make that room, evict nothing and return False:
+        the caller waits (or SGLang retracts) and the cached histories stay for the requests that
+        come back to them. A request that cannot be admitted yet must not flush the tree on every
+        scheduling pass; stock SGLang's admission likewise counts evictable tokens before evicting."""
         goal = self.store.available_pages + pages
+        if self.store.available_pages + self.freeable_pages() < goal:
+            self.store.count("evictions_refused")
+            return False
         if self.store.has_windows:
-            self._drop_windows(goal)
+            drop_windows(self, goal)
         while self.store.available_pages < goal:
-            if self._evict_one() == 0:
+            if self._evict_one(reason) == 0:
                 return False
         return True
 
-    def _drop_windows(self, goal: int) -> None:
-        """Interior nodes, least recently used first, stop being match ends and drop the window
-        pages no query at or after the earliest match end below them reads (_match_end_below), until
-        ``goal`` pages are available. A node some lock ends at (a request being admitted onto it) keeps
-        its pages; a node that dropped them for an end at or past this one has nothing more to drop.
-        A node's earliest match end moves past children that dropped theirs after it did (LRU order
-        reaches a chain's older ancestors first), so passes repeat while one drops more."""
-        while self.store.available_pages < goal and self._drop_pass(goal):
+    def evict_all(self, reason: str) -> None:
+        """Evict every unlocked leaf, repeatedly (every node no request holds)."""
+        while self._evict_one(reason):
             pass
 
-    def _drop_pass(self, goal: int) -> bool:
-        """One pass over the interior nodes, least recently used first; whether any dropped more."""
-        interior = sorted((n for n in self._nodes() if n.children), key=lambda n: n.last_access_time)
-        dropped = False
-        for node in interior:
-            if self.store.available_pages >= goal:
-                break
-            if _lock_ends_at(node):
-                continue
-            end = _match_end_below(node)
-            if node.window_end is None or np.any(end > node.window_end):
-                self.store.drop_window_columns(node.seg.seg_id, end)
-                node.window_end = end if node.window_end is None else np.maximum(end, node.window_end)
-                dropped = True
-        return dropped
+    def freeable_pages(self) -> int:
+        """Pages evicting every unlocked node would free (with sliding-window layers an upper
+        bound: locked nodes' window columns counted too). Changes nothing; O(nodes)."""
+        unlocked, locked = [], []
+        for node in self._nodes():
+            (unlocked if node.lock_ref == 0 else locked).append(node.seg.seg_id)
+        return self.store.freeable_pages(unlocked, locked)
 
     def _delete_leaf(self, node):
         self._remove_child(node.parent, node)

@@ -62,7 +62,7 @@ class TangramPrefillAdder(PrefillAdder):
                 # Nothing runs, so nothing will free pages: what keeps it out is its own cached
                 # prefix (pages shared with the tree force copies of their tails). Serve it as if
                 # the prefix were not cached: evict what the tree holds and match again.
-                self.tree_cache.evict_pages(serving.spec.num_pages)
+                self.tree_cache.evict_all("flush")
                 req.init_next_round_input(self.tree_cache)
                 total = len(req.full_untruncated_fill_ids) - req.prefix_len
                 first = min(total, serving.chunk)
