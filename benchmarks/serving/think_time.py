@@ -1,0 +1,321 @@
+"""Multi-turn sessions that pause between turns: does a server keep the histories that come back?
+
+Users read and type between turns, and more sessions are open than the KV pool holds. S sessions
+arrive over --arrival-window seconds; each is --turns turns over the OpenAI chat API (streamed,
+greedy): turns 1..turns-1 each bring a new document of about --doc-tokens tokens (real text, the
+first one carrying a fact) and ask for a one-sentence summary, the last turn asks for the fact.
+Between turns a session pauses for a think time drawn per session and turn (--think: exponential,
+or pareto: a Lomax of shape 1.5, heavy-tailed, with the same --think-mean).
+
+Servers (--servers, each launched in turn with the same --max-total-tokens, i.e. the same KV bytes;
+--repeats alternates them):
+  stock-fcfs, stock-lpm            stock SGLang, default policy / longest prefix match first
+  stock-lpm-sessions               stock lpm with --enable-session-radix-cache, requests carry session_id
+  tangram, tangram-lpm             --tangram-profile at --ratio, default policy / lpm
+  tangram-1.0, tangram-1.0-lpm     a uniform ratio-1.0 profile (no compression): the data-plane control
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.serving.think_time --sessions 16 --max-total-tokens 8192
+    # writes benchmarks/results/serving/think_time.{json,md}
+
+Per server: answers right (the fact's digits in the last turn's reply), turns/s, the share of later
+turns' prompts read from the cache (usage.prompt_tokens_details.cached_tokens, --enable-cache-report),
+per turn, streamed TTFT p50 / p99, prompt tokens prefilled, and the profile's reuse counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+
+from benchmarks.common.client import HEADERS, server_state
+from benchmarks.common.corpus import repo_texts
+from benchmarks.common.log import logger
+from benchmarks.common.models import ensure_model
+from benchmarks.common.paths import ROOT, result_path
+from benchmarks.common.results import write_json, write_markdown
+from benchmarks.common.stamp import stamp
+from tangram_sglang.sglang.server_process import ServerProcess
+
+os.environ.setdefault("TANGRAM_INTEGRITY_CHECK", "1")
+log = logger("think_time")
+CORPUS = ["README.md", "configs/CALIBRATION.md", "configs/reference-regularity.md", "docs/architecture.md",
+          "docs/results.md", "docs/calibration.md", "docs/cpu.md", "docs/gpu.md"]
+PROFILES = {"smollm2": "configs/smollm2-fastkvzip.yaml", "qwen2.5-0.5b": "configs/qwen2.5-0.5b-fastkvzip.yaml"}
+SERVERS = {  # name -> (profile kind: None / "shipped" / "uniform", extra args, session ids)
+    "stock-fcfs": (None, [], False),
+    "stock-lpm": (None, ["--schedule-policy", "lpm"], False),
+    "stock-lpm-sessions": (None, ["--schedule-policy", "lpm", "--enable-session-radix-cache"], True),
+    "tangram": ("shipped", [], False),
+    "tangram-lpm": ("shipped", ["--schedule-policy", "lpm"], False),
+    "tangram-1.0": ("uniform", [], False),
+    "tangram-1.0-lpm": ("uniform", ["--schedule-policy", "lpm"], False),
+}
+
+
+# -- workload -------------------------------------------------------------------------------------
+class Workload:
+    """Each session's documents (token-exact slices of the repo's docs, decoded to text), its fact and
+    its arrival time and think times, all from --seed."""
+
+    def __init__(self, model_path: str, args):
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_path)
+        corpus = tok.encode("\n\n".join(repo_texts(CORPUS)), add_special_tokens=False)
+        docs = args.turns - 1
+        need = args.doc_tokens * docs
+        if need >= len(corpus):
+            raise SystemExit(f"--doc-tokens {args.doc_tokens} x {docs} documents exceed the corpus ({len(corpus)} tokens)")
+        rng = random.Random(args.seed)
+        step = max(1, (len(corpus) - need) // max(1, args.sessions))
+        self.sessions = []
+        for i in range(args.sessions):
+            off = i * step
+            texts = [tok.decode(corpus[off + k * args.doc_tokens: off + (k + 1) * args.doc_tokens]) for k in range(docs)]
+            code = rng.randrange(10000, 99999)
+            half = len(texts[0]) // 2
+            texts[0] = texts[0][:half] + f"\n\nThe access code of archive {i + 1} is {code}.\n\n" + texts[0][half:]
+            think = [_think(rng, args.think, args.think_mean) for _ in range(args.turns - 1)]
+            self.sessions.append(dict(index=i, docs=texts, code=str(code), think=think,
+                                      arrival=i * args.arrival_window / max(1, args.sessions - 1)))
+        self.max_tokens = args.max_tokens
+
+    def user_turn(self, s: dict, turn: int) -> str:
+        if turn <= len(s["docs"]):
+            return f"Document {turn}:\n{s['docs'][turn - 1]}\n\nSummarize document {turn} in one sentence."
+        return f"What is the access code of archive {s['index'] + 1}? Reply with the number only."
+
+
+def _think(rng: random.Random, kind: str, mean: float) -> float:
+    if mean <= 0:
+        return 0.0
+    if kind == "exponential":
+        return rng.expovariate(1.0 / mean)
+    shape = 1.5  # Lomax: mean = scale / (shape - 1)
+    return mean * (shape - 1) * (rng.paretovariate(shape) - 1)
+
+
+# -- one streamed chat turn -----------------------------------------------------------------------
+def chat_turn(url: str, messages: list[dict], max_tokens: int, session_id: str | None,
+              timeout: float = 3600) -> dict:
+    """One streamed /v1/chat/completions (greedy); returns text, ttft_s, seconds, usage."""
+    body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if session_id is not None:
+        body["session_id"] = session_id
+    host, port = url.split("//")[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    t0, ttft, text, usage = time.perf_counter(), None, [], None
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=HEADERS)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+        for raw in resp:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    text.append(piece)
+    finally:
+        conn.close()
+    return dict(text="".join(text), ttft_s=ttft if ttft is not None else time.perf_counter() - t0,
+                seconds=time.perf_counter() - t0, usage=usage or {})
+
+
+def run_sessions(url: str, wl: Workload, with_session_ids: bool) -> dict:
+    """Every session in its own thread, arriving and pausing on its schedule; returns per-turn records."""
+    results, errors = [dict(session=s["index"], turns=[]) for s in wl.sessions], []
+    t_start = time.perf_counter()
+
+    def session(s: dict) -> None:
+        time.sleep(s["arrival"])
+        messages, sid = [], f"think-{s['index']}-{t_start}" if with_session_ids else None
+        try:
+            for turn in range(1, len(s["docs"]) + 2):
+                if turn > 1:
+                    time.sleep(s["think"][turn - 2])
+                messages.append({"role": "user", "content": wl.user_turn(s, turn)})
+                out = chat_turn(url, messages, wl.max_tokens if turn <= len(s["docs"]) else 16, sid)
+                messages.append({"role": "assistant", "content": out["text"]})
+                usage = out["usage"]
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                results[s["index"]]["turns"].append(dict(
+                    turn=turn, prompt_tokens=usage.get("prompt_tokens", 0), cached_tokens=cached,
+                    ttft_s=round(out["ttft_s"], 3), seconds=round(out["seconds"], 3)))
+            results[s["index"]]["right"] = s["code"] in "".join(out["text"].split())
+            results[s["index"]]["done_at"] = round(time.perf_counter() - t_start, 2)
+        except Exception as exc:  # noqa: BLE001 - every failure is reported and fails the run
+            errors.append(f"session {s['index']}: {type(exc).__name__}: {str(exc)[:300]}")
+
+    threads = [threading.Thread(target=session, args=(s,), daemon=True) for s in wl.sessions]
+    for t in threads:
+        t.start()
+    last = time.perf_counter()
+    while any(t.is_alive() for t in threads):
+        time.sleep(0.5)
+        if time.perf_counter() - last >= 30:
+            done = sum("done_at" in r for r in results)
+            turns = sum(len(r["turns"]) for r in results)
+            log(f"  {time.perf_counter() - t_start:.0f} s: {turns} turns, {done}/{len(results)} sessions done, "
+                f"{len(errors)} errors")
+            last = time.perf_counter()
+    return dict(wall_s=round(time.perf_counter() - t_start, 2), sessions=results, errors=errors)
+
+
+# -- servers --------------------------------------------------------------------------------------
+def uniform_profile_path(model_path: str) -> str:
+    """A uniform ratio-1.0 profile of the model (written once under /tmp)."""
+    path = f"/tmp/tangram-think-time/{os.path.basename(model_path)}-uniform-1.0.yaml"
+    if not os.path.exists(path):
+        from tangram_sglang.profile.uniform import main as uniform
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        uniform(["--model-path", model_path, "--ratio", "1.0", "-o", path])
+    return path
+
+
+def run_server(name: str, model_path: str, args, wl: Workload) -> dict:
+    kind, extra, sessions = SERVERS[name]
+    extra = ["--max-total-tokens", str(args.max_total_tokens), "--enable-cache-report", "--sleep-on-idle", *extra]
+    profile = None
+    if kind == "shipped":
+        profile, extra = os.path.join(ROOT, args.profile), extra + ["--tangram-ratio", str(args.ratio)]
+    elif kind == "uniform":
+        profile = uniform_profile_path(model_path)
+    log(f"[{name}] starting on port {args.port}")
+    with ServerProcess(model_path, port=args.port, profile=profile, extra_args=extra) as srv:
+        run = run_sessions(srv.url, wl, sessions)
+        state = server_state(srv.url, timeout=120)
+    pool = (state.get("tangram") or {}).get("pool_info")
+    out = dict(server=name, **run, batch_counters=state.get("batch_counters", {}))
+    if pool is not None:
+        out["pool_info"] = pool
+    log(f"[{name}] {summarize(out)}")
+    return out
+
+
+# -- figures --------------------------------------------------------------------------------------
+def figures(run: dict) -> dict:
+    turns = [t for s in run["sessions"] for t in s["turns"]]
+    later = [t for t in turns if t["turn"] > 1]
+    per_turn = {}
+    for t in later:
+        c, p = per_turn.get(t["turn"], (0, 0))
+        per_turn[t["turn"]] = (c + t["cached_tokens"], p + t["prompt_tokens"])
+    ttft = sorted(t["ttft_s"] for t in turns) or [0.0]
+    return dict(right=sum(bool(s.get("right")) for s in run["sessions"]), sessions=len(run["sessions"]),
+                turns=len(turns), turns_per_s=len(turns) / max(run["wall_s"], 1e-9),
+                reuse=sum(t["cached_tokens"] for t in later) / max(1, sum(t["prompt_tokens"] for t in later)),
+                reuse_per_turn={k: c / max(1, p) for k, (c, p) in sorted(per_turn.items())},
+                ttft_p50=statistics.median(ttft), ttft_p99=ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))],
+                prefilled=sum(t["prompt_tokens"] - t["cached_tokens"] for t in turns))
+
+
+def summarize(run: dict) -> str:
+    f = figures(run)
+    return (f"right {f['right']}/{f['sessions']}, {f['turns_per_s']:.3f} turns/s, later turns reused "
+            f"{100 * f['reuse']:.1f}%, TTFT p50 {f['ttft_p50']:.1f} s p99 {f['ttft_p99']:.1f} s, "
+            f"prefilled {f['prefilled']}, {len(run['errors'])} errors")
+
+
+COUNTERS = ("matched_tokens", "evicted_tokens_admission", "evicted_tokens_decode", "evicted_tokens_flush",
+            "evicted_tokens_sglang", "evictions_refused", "published_segments", "twin_segments",
+            "detached_segments", "waited", "retracted")
+
+
+def fmt_md(res: dict) -> list[str]:
+    a = res["args"]
+    med = lambda xs, f: f"{f(statistics.median(xs))} [{f(min(xs))}, {f(max(xs))}]"  # noqa: E731
+    runs: dict = {}
+    for r in res["runs"]:
+        runs.setdefault(r["server"], []).append(r)
+    best = max((statistics.median(figures(r)["turns_per_s"] for r in rs), name) for name, rs in runs.items()
+               if SERVERS[name][0] is None)[1] if any(SERVERS[n][0] is None for n in runs) else None
+    lines = [f"{a['sessions']} sessions arriving over {a['arrival_window']} s, {a['turns']} turns each over the "
+             f"OpenAI chat API (streamed, greedy): {a['turns'] - 1} documents of about {a['doc_tokens']} tokens "
+             f"(the first carries an access code), then the question for the code; think time between turns "
+             f"{a['think']} with mean {a['think_mean']} s; every server gets `--max-total-tokens "
+             f"{a['max_total_tokens']}` (the same KV bytes). {os.path.basename(res['model_path'])}, profile "
+             f"`{a['profile']}` at {a['ratio']}. Median [min, max] over {a['repeats']} alternating runs; "
+             f"'vs best stock' divides by the stock server with the highest median turns/s ({best}).", "",
+             "| server | runs | right | turns/s | vs best stock | later turns reused | reuse per turn (2, 3, ...) "
+             "| TTFT p50 s | TTFT p99 s | prompt tokens prefilled |", "|---|---|---|---|---|---|---|---|---|---|"]
+    ref = statistics.median(figures(r)["turns_per_s"] for r in runs[best]) if best else None
+    for name, rs in runs.items():
+        fs = [figures(r) for r in rs]
+        per_turn = ", ".join(f"{100 * statistics.median(f['reuse_per_turn'].get(k, 0) for f in fs):.0f}%"
+                             for k in sorted(fs[0]["reuse_per_turn"]))
+        tps = [f["turns_per_s"] for f in fs]
+        lines.append(f"| {name} | {len(rs)} | {med([f['right'] for f in fs], lambda x: f'{x:g}')}/{fs[0]['sessions']} "
+                     f"| {med(tps, lambda x: f'{x:.3f}')} | "
+                     + (f"{statistics.median(tps) / ref:.2f}x" if ref else "-")
+                     + f" | {med([100 * f['reuse'] for f in fs], lambda x: f'{x:.1f}%')} | {per_turn} | "
+                     f"{med([f['ttft_p50'] for f in fs], lambda x: f'{x:.1f}')} | "
+                     f"{med([f['ttft_p99'] for f in fs], lambda x: f'{x:.1f}')} | "
+                     f"{med([f['prefilled'] for f in fs], lambda x: f'{x:.0f}')} |")
+    lines += ["", "The profile's counters (pool_info, last run of each server): "
+              + "; ".join(f"{r['server']}: " + ", ".join(f"{k} {r['pool_info'][k]}" for k in COUNTERS if k in r["pool_info"])
+                          for r in {r["server"]: r for r in res["runs"]}.values() if r.get("pool_info"))]
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2", choices=sorted(PROFILES))
+    ap.add_argument("--profile", default=None, help="default: the model's shipped FastKVzip profile")
+    ap.add_argument("--ratio", type=float, default=None, help="default: the profile's default ratio")
+    ap.add_argument("--servers", nargs="+", default=["stock-lpm", "tangram", "tangram-lpm", "tangram-1.0"],
+                    choices=list(SERVERS))
+    ap.add_argument("--sessions", type=int, default=16)
+    ap.add_argument("--turns", type=int, default=4, help="documents + the final question")
+    ap.add_argument("--doc-tokens", type=int, default=700)
+    ap.add_argument("--max-tokens", type=int, default=48, help="tokens of each summary")
+    ap.add_argument("--arrival-window", type=float, default=30.0)
+    ap.add_argument("--think", choices=["exponential", "pareto"], default="exponential")
+    ap.add_argument("--think-mean", type=float, default=8.0)
+    ap.add_argument("--max-total-tokens", type=int, default=8192)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--port", type=int, default=31851)
+    ap.add_argument("--out", default=result_path("serving", "think_time.json"))
+    args = ap.parse_args(argv)
+    args.profile = args.profile or PROFILES[args.model]
+    if args.ratio is None:
+        from tangram_sglang.profile import load_profile
+
+        args.ratio = load_profile(os.path.join(ROOT, args.profile)).default_ratio
+    run_stamp, model_path = stamp(argv), ensure_model(args.model)
+    wl = Workload(model_path, args)
+    runs = []
+    for repeat in range(args.repeats):
+        for name in args.servers:
+            runs.append({**run_server(name, model_path, args, wl), "repeat": repeat})
+    res = dict(args=vars(args), model_path=model_path, runs=runs)
+    write_json(args.out, res, run_stamp)
+    write_markdown(os.path.splitext(args.out)[0] + ".md", "Multi-turn sessions with think time at the same KV bytes",
+                   fmt_md(res), run_stamp)
+    problems = [f"{r['server']}: {e}" for r in runs for e in r["errors"]]
+    problems += [f"{r['server']}: pool integrity {r['pool_info'].get('integrity')}" for r in runs
+                 if r.get("pool_info") and r["pool_info"].get("integrity") != "ok"]
+    for p in problems:
+        log(f"PROBLEM {p}")
+    log(f"wrote {args.out}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
