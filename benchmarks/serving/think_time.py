@@ -273,6 +273,32 @@ def fmt_md(res: dict) -> list[str]:
     return lines
 
 
+def plot(res: dict, path: str) -> None:
+    """Share of each later turn's prompt read from the cache, per server (median over the runs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs: dict = {}
+    for r in res["runs"]:
+        runs.setdefault(r["server"], []).append(figures(r)["reuse_per_turn"])
+    turns = sorted({k for rs in runs.values() for per in rs for k in per})
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / max(1, len(runs))
+    for i, (name, rs) in enumerate(runs.items()):
+        ys = [100 * statistics.median(per.get(k, 0.0) for per in rs) for k in turns]
+        ax.bar([t + (i - (len(runs) - 1) / 2) * width for t in turns], ys, width, label=name)
+    ax.set_xticks(turns)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("prompt read from the cache (%)")
+    ax.set_title(f"History reused under think time (mean {res['args']['think_mean']} s), same KV bytes")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2", choices=sorted(PROFILES))
@@ -308,6 +334,7 @@ def main(argv=None) -> int:
     write_json(args.out, res, run_stamp)
     write_markdown(os.path.splitext(args.out)[0] + ".md", "Multi-turn sessions with think time at the same KV bytes",
                    fmt_md(res), run_stamp)
+    plot(res, os.path.splitext(args.out)[0] + ".png")
     problems = [f"{r['server']}: {e}" for r in runs for e in r["errors"]]
     problems += [f"{r['server']}: pool integrity {r['pool_info'].get('integrity')}" for r in runs
                  if r.get("pool_info") and r["pool_info"].get("integrity") != "ok"]

@@ -105,7 +105,7 @@ class AdmissionControl:
         """The largest d <= wanted the pool can hold for this prompt plus d generated tokens with
         nothing else in it (binary search over exact plans); counted in counters.capped when it is
         below wanted. A prompt that never fits keeps wanted: the arrival hook
-        (scheduling.refuse_never_fitting) refuses it next, naming the pool's pages."""
+        (scheduling.refuse_at_arrival) refuses it next, naming the pool's pages."""
         pages = self.context.spec.num_pages
         if prompt_tokens <= 0 or self.pages_alone(prompt_tokens, 1) > pages:
             return max(0, wanted)

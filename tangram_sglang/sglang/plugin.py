@@ -51,7 +51,7 @@ def scheduler_hooks(process: TangramProcess) -> list:
         (f"{CONFIGURATOR}._build_token_to_kv_pool_allocator", "AROUND", process.build_allocator),
         (f"{SCHEDULER}.__init__", "AFTER", process.scheduler_init),                  # report the profile
         (f"{SCHEDULER}.get_prefill_adder_class", "AROUND", scheduling.prefill_adder_class),  # reservation
-        (f"{SCHEDULER}._add_request_to_queue", "BEFORE", scheduling.refuse_never_fitting),
+        (f"{SCHEDULER}._add_request_to_queue", "BEFORE", scheduling.refuse_at_arrival),  # clear 400s
         (f"{POLICY}._touch_waiting_prefixes", "AROUND", scheduling.touch_waiting_histories),
         (f"{SCHEDULE_BATCH}.prepare_for_extend", "AFTER", scheduling.bind_rows),
         (f"{BEAMS}.validate_and_init", "AROUND", scheduling.refuse_beam_search),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_policy import (
     CLIP_MAX_NEW_TOKENS,
@@ -130,15 +131,29 @@ def bind_rows(result, batch, *args, **kwargs):
     return result
 
 
-def refuse_never_fitting(scheduler, req, *args, **kwargs):
-    """BEFORE Scheduler._add_request_to_queue: a prompt the pool can never hold fails now, clearly."""
+def refuse_at_arrival(scheduler, req, *args, **kwargs):
+    """BEFORE Scheduler._add_request_to_queue: a prompt the pool can never hold, or one with token ids
+    outside the model's vocabulary, fails now with a clear error (HTTP 400) and the server keeps serving."""
     serving = serving_of(scheduler.tree_cache)
     if serving is None or req.finished():
         return
-    why = serving.admission.never_fits(len(req.origin_input_ids))
+    why = outside_vocabulary(req.origin_input_ids, scheduler.model_config.vocab_size)
+    if why is None:
+        why = serving.admission.never_fits(len(req.origin_input_ids))
+        serving.counters.too_large += why is not None
     if why is not None:
-        serving.counters.too_large += 1
         req.set_finish_with_abort(why)
+
+
+def outside_vocabulary(ids, vocab_size: int) -> str | None:
+    """Why token ids cannot be embedded (None if they can). SGLang 0.5.23 does not check the ids a
+    client sends: one past the vocabulary reaches the embedding and kills the scheduler (stock too)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.size == 0:
+        return None
+    return (f"Tangram: input token id {int(bad[0])} is outside the model's vocabulary [0, {vocab_size}) "
+            f"({bad.size} such ids)")
 
 
 def refuse_beam_search(original, coordinator, req, recv_req):

@@ -68,6 +68,18 @@ def test_empty_prompts_are_refused(server):
     sound(server)
 
 
+def test_token_ids_outside_the_vocabulary_are_refused(server):
+    """Stock SGLang 0.5.23 embeds whatever ids a client sends: one past the vocabulary kills its
+    scheduler (found by the fuzz benchmark, both servers). With a profile: a 400 naming the id."""
+    for bad in (49152, 10**6, -1):  # SmolLM2's vocabulary is [0, 49152)
+        status, body = gen(server, {"input_ids": [1, 2, bad, 3], "sampling_params": {"max_new_tokens": 4}})
+        assert status == 400 and "outside the model's vocabulary" in message(body) and str(bad) in message(body), body
+        sound(server)
+    status, body = gen(server, {"input_ids": [1, 2, 49151, 3], "sampling_params": {"max_new_tokens": 4}})
+    assert status == 200, body  # the last id of the vocabulary is fine
+    sound(server)
+
+
 def test_prompt_at_the_pool_limit_and_one_past_it(server, essay_ids):
     info = sound(server)
     limit = info["max_prompt_tokens"]

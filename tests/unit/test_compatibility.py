@@ -158,3 +158,12 @@ def test_gpt_oss_backend_assertion_sees_a_sinks_backend(monkeypatch, arch, seen)
     got = []
     sinks_backend_check(cfg, lambda args: got.append(model_hook.attention_backends_of(args)))
     assert got == [seen] and model_hook.attention_backends_of is real
+
+
+def test_outside_vocabulary_names_the_first_bad_id():
+    from tangram_sglang.sglang.scheduling import outside_vocabulary
+
+    assert outside_vocabulary([0, 5, 99], 100) is None and outside_vocabulary([], 100) is None
+    why = outside_vocabulary([3, 100, -2, 7], 100)
+    assert "100" in why and "[0, 100)" in why and "2 such ids" in why
+    assert "-1" in outside_vocabulary([-1], 100)

@@ -1,0 +1,40 @@
+"""The think-time benchmark's figures and pauses (benchmarks/serving/think_time.py), without a server."""
+
+import random
+import statistics
+
+from benchmarks.serving.think_time import _think, figures, fmt_md
+
+
+def _run(server, cached):
+    """Two sessions of three turns; turn k of session s reads cached[s][k-2] of its 1,000-token prompt."""
+    sessions = [dict(session=s, right=s == 0, done_at=10.0,
+                     turns=[dict(turn=1, prompt_tokens=1000, cached_tokens=0, ttft_s=1.0 + s, seconds=2.0)]
+                     + [dict(turn=k, prompt_tokens=1000, cached_tokens=c, ttft_s=0.5, seconds=1.0)
+                        for k, c in zip((2, 3), cached[s])]) for s in range(2)]
+    return dict(server=server, wall_s=12.0, sessions=sessions, errors=[], repeat=0)
+
+
+def test_figures_count_reuse_per_turn_and_prefill():
+    f = figures(_run("tangram", [[1000, 500], [0, 500]]))
+    assert f["right"] == 1 and f["turns"] == 6 and f["turns_per_s"] == 0.5
+    assert f["reuse_per_turn"] == {2: 0.5, 3: 0.5} and f["reuse"] == 0.5
+    assert f["prefilled"] == 6000 - 2000 and f["ttft_p50"] == 0.5 and f["ttft_p99"] == 2.0
+
+
+def test_report_divides_by_the_fastest_stock():
+    args = dict(sessions=2, arrival_window=1.0, turns=3, doc_tokens=100, think="exponential", think_mean=1.0,
+                max_total_tokens=1024, profile="p.yaml", ratio=0.4, repeats=1)
+    res = dict(args=args, model_path="/m/SmolLM2", runs=[_run("stock-lpm", [[0, 0], [0, 0]]),
+                                                         _run("tangram", [[1000, 1000], [1000, 1000]])])
+    res["runs"][0]["wall_s"] = 24.0
+    text = "\n".join(fmt_md(res))
+    assert "(stock-lpm)" in text and "| tangram | 1 |" in text and "2.00x" in text and "100.0%" in text
+
+
+def test_think_times_have_the_asked_mean():
+    rng = random.Random(0)
+    for kind in ("exponential", "pareto"):
+        draws = [_think(rng, kind, 8.0) for _ in range(40000)]
+        assert min(draws) >= 0 and abs(statistics.mean(draws) - 8.0) < 1.0, kind
+    assert _think(rng, "pareto", 0.0) == 0.0
