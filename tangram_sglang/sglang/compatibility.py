@@ -20,6 +20,13 @@ OPTIONS = [  # (ServerArgs field, unsupported when, why)
     ("pp_size", lambda v: (v or 1) > 1, "pipeline parallelism: the pool is built for every layer in one process"),
     ("dp_size", lambda v: (v or 1) > 1, "data parallelism inside one server: run replicas behind sglang-router"),
     ("enable_dp_attention", bool, "DP attention: one pool per scheduler process is not coordinated across ranks"),
+    ("attn_dp_size", lambda v: (v or 1) > 1, "DP attention: one pool per scheduler process is not coordinated across ranks"),
+    ("attn_cp_size", lambda v: (v or 1) > 1,
+     "attention context parallelism: splits a request's KV across ranks, the ragged pool holds a request in one"),
+    ("decoupled_spec_role", lambda v: v not in (None, "", "null"),
+     "decoupled speculative decoding: draft and verify passes write KV outside the compression chunk schedule"),
+    ("dllm_algorithm", bool, "diffusion LLMs: they rewrite KV of positions already decoded, compressed segments are fixed"),
+    ("enable_lmcache", bool, "LMCache: it offloads SGLang's token-pool KV, the ragged pool has none"),
     ("speculative_algorithm", lambda v: v not in (None, "", "NONE"),
      "speculative decoding: draft and verify passes write KV outside the compression chunk schedule"),
     ("enable_hierarchical_cache", bool, "HiCache: it moves SGLang's token pool pages, the ragged pool has none"),
@@ -73,6 +80,10 @@ def check_server_args(server_args) -> None:
         if value is not None and bad(value):
             flag = f"--{field.replace('_', '-')}"
             raise UnsupportedOption(flag if value is True else f"{flag} {value}", why)
+    raw = _model_config(getattr(server_args, "model_path", None), text_only=False)
+    if _serves_multimodal(raw.get("architectures") or [], getattr(server_args, "enable_multimodal", None)):
+        raise UnsupportedOption(f"model {raw['architectures'][0]} (multimodal)",
+                                "SGLang serves its image / audio / video inputs, whose tokens are not calibrated")
     config = _model_config(getattr(server_args, "model_path", None))
     arch = set(config.get("architectures") or [])
     other = other_attention_layers(config)
@@ -98,8 +109,24 @@ def _sglang_hybrid_swa(arch: set[str]) -> bool:
     return bool(is_hybrid_swa_model(sorted(arch)))
 
 
-def _model_config(model_path: str | None) -> dict:
-    """config.json of a model folder, its text model's for a multimodal one ({} without one: a hub name)."""
+# SGLang 0.5.23 leaves multimodal off for these unless --enable-multimodal (ModelConfig's mm_disabled_models)
+MULTIMODAL_OFF_BY_DEFAULT = {"Gemma3ForConditionalGeneration", "Llama4ForConditionalGeneration",
+                             "Step3VLForConditionalGeneration", "InklingForConditionalGeneration"}
+
+
+def _serves_multimodal(arch: list[str], enable_multimodal: bool | None) -> bool:
+    """Whether SGLang would serve this model's multimodal inputs: it turns them on by default for every
+    multimodal architecture but a few (and never for a text model, whatever the flag)."""
+    from sglang.srt.configs.model_config import is_multimodal_model
+
+    if not arch or not is_multimodal_model(list(arch)):
+        return False
+    return arch[0] not in MULTIMODAL_OFF_BY_DEFAULT if enable_multimodal is None else bool(enable_multimodal)
+
+
+def _model_config(model_path: str | None, text_only: bool = True) -> dict:
+    """config.json of a model folder, its text model's for a multimodal one unless not text_only ({} without
+    one: a hub name)."""
     path = os.path.join(model_path or "", "config.json")
     if not model_path or not os.path.isfile(path):
         return {}
@@ -108,6 +135,8 @@ def _model_config(model_path: str | None) -> dict:
     with open(path) as f:
         config = json.load(f)
     text = config.get("text_config")
+    if not text_only:
+        return config
     return {**text, "architectures": config.get("architectures")} if isinstance(text, dict) else config
 
 

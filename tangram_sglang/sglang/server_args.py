@@ -64,7 +64,6 @@ def serving_overrides(profile: TangramProfile | None, data_plane: str | None = "
 
     out = {"attention_backend": "tangram", "radix_cache_backend": "tangram", "page_size": 1,
            "chunked_prefill_size": chunk_size_of(profile), "disable_prefill_cuda_graph": True,
-           "enable_mixed_chunk": False,
            "disable_hybrid_swa_memory": True}   # gpt-oss: its window layers live in the ragged pool
     if not decode_graphs_possible(data_plane, device):
         out["disable_cuda_graph"] = True
@@ -83,11 +82,21 @@ def decode_graphs_possible(data_plane: str | None, device: str | None) -> bool:
     return str(device).startswith("cuda")
 
 
+# options a user may have set that a profile replaces, and why (logged with the old and new value)
+REPLACED_WITH_A_WORD = {
+    "attention_backend": "a profile is served by the tangram backend",
+    "radix_cache_backend": "a profile's history lives in the segment radix tree",
+    "page_size": "SGLang's logical page is one token; the ragged pool has the profile's own pages",
+    "chunked_prefill_size": "the profile's compression chunk: a prompt is compressed chunk by chunk",
+}
+
+
 def _apply_overrides(target: dict, overrides: dict) -> None:
     for name, value in overrides.items():
         old = target.get(name)
-        if old not in (None, False, value) and name in ("attention_backend", "radix_cache_backend"):
-            logger.warning("Tangram: --%s %s replaced by %s (a profile is served)", name.replace("_", "-"), old, value)
+        if old not in (None, False, value) and name in REPLACED_WITH_A_WORD:
+            logger.warning("Tangram: --%s %s replaced by %s (%s)", name.replace("_", "-"), old, value,
+                           REPLACED_WITH_A_WORD[name])
         target[name] = value
 
 

@@ -34,6 +34,18 @@ def profile(tiny_llama, tmp_path):
     (["--enable-torch-compile"], "--enable-torch-compile"),
     (["--cuda-graph-backend-decode", "breakable"], "--cuda-graph-backend-decode breakable"),
     (["--cuda-graph-backend-prefill", "full"], "--cuda-graph-backend-prefill full"),
+    (["--pp-size", "2"], "--pp-size 2: not supported"),
+    (["--attn-dp-size", "2"], "--attn-dp-size 2: not supported"),
+    (["--attn-cp-size", "2"], "--attn-cp-size 2: not supported"),
+    (["--enable-lora"], "--enable-lora: not supported"),
+    (["--enable-session-radix-cache"], "--enable-session-radix-cache: not supported"),
+    (["--enable-two-batch-overlap"], "--enable-two-batch-overlap: not supported"),
+    (["--enable-pdmux"], "--enable-pdmux: not supported"),
+    (["--enable-mixed-chunk"], "--enable-mixed-chunk: not supported"),
+    (["--enable-multimodal"], "--enable-multimodal: not supported"),
+    (["--enable-lmcache"], "--enable-lmcache: not supported"),
+    (["--decoupled-spec-role", "verifier"], "--decoupled-spec-role verifier: not supported"),
+    (["--dllm-algorithm", "LowConfidence"], "--dllm-algorithm LowConfidence: not supported"),
 ])
 def test_unsupported_option_stops_the_launch(tiny_llama, profile, capsys, extra, named):
     with pytest.raises(SystemExit) as info:
@@ -167,3 +179,48 @@ def test_outside_vocabulary_names_the_first_bad_id():
     why = outside_vocabulary([3, 100, -2, 7], 100)
     assert "100" in why and "[0, 100)" in why and "2 such ids" in why
     assert "-1" in outside_vocabulary([-1], 100)
+
+
+def test_a_multimodal_model_is_refused_by_default(tmp_path):
+    """SGLang turns multimodal on by default for a model with an encoder config: refused unless it is off."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2VLForConditionalGeneration"], "vision_config": {"depth": 2},
+        "num_hidden_layers": 2}))
+    with pytest.raises(UnsupportedOption, match=r"Qwen2VLForConditionalGeneration \(multimodal\): not supported"):
+        check_server_args(SimpleNamespace(model_path=str(tmp_path), enable_multimodal=None))
+    check_server_args(SimpleNamespace(model_path=str(tmp_path), enable_multimodal=False))
+    # Gemma 3's multimodal checkpoints: SGLang serves them as text unless asked (the 12B row of the docs)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3ForConditionalGeneration"], "vision_config": {}, "text_config": {"num_hidden_layers": 2}}))
+    check_server_args(SimpleNamespace(model_path=str(tmp_path), enable_multimodal=None))
+
+
+def test_replaced_page_and_chunk_sizes_are_logged(tiny_llama, profile, monkeypatch):
+    """A profile sets SGLang's logical page (1) and the chunked prefill (its compression chunk): a user's
+    other value is replaced with a warning naming both, never silently."""
+    from tangram_sglang.sglang import server_args
+
+    said = []
+    monkeypatch.setattr(server_args.logger, "warning", lambda msg, *a: said.append(msg % a))
+    args = prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile, "--page-size", "16",
+                                "--chunked-prefill-size", "4096"])
+    assert args.page_size == 1 and args.chunked_prefill_size != 4096
+    text = "\n".join(said)
+    assert "--page-size 16 replaced by 1" in text
+    assert f"--chunked-prefill-size 4096 replaced by {args.chunked_prefill_size}" in text
+
+
+def test_refusal_fires_through_sglangs_launcher_and_engine(tiny_llama, profile):
+    """The real entry points: `python -m sglang.launch_server` exits 2 with the one line before anything is
+    spawned, and sglang.Engine raises it."""
+    import subprocess
+    import sys
+
+    import sglang
+
+    out = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", tiny_llama[0],
+                          "--tangram-profile", profile, "--enable-mixed-chunk"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 2 and "--enable-mixed-chunk: not supported with --tangram-profile" in out.stderr, out.stderr
+    with pytest.raises(UnsupportedOption, match="--attn-cp-size 2: not supported"):
+        sglang.Engine(model_path=tiny_llama[0], tangram_profile=profile, attn_cp_size=2)
