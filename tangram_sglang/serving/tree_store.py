@@ -57,6 +57,11 @@ class TreeStore:
             self._counters.evicted_segments += 1
             self.count(f"evicted_tokens_{evicted}", tokens)
 
+    @property
+    def tree_pages(self) -> int:
+        """Pages some segment holds: a bound on what any eviction can free (O(1))."""
+        return self._cache.store.pages_held
+
     def freeable_pages(self, unlocked: list[int], locked: list[int]) -> int:
         """Pages evicting every unlocked segment would free; with sliding-window layers, also those
         locked segments' window columns could (an upper bound: some of those stay)."""

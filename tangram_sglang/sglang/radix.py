@@ -287,7 +287,7 @@ class TangramRadixCache(RadixCache):
         come back to them. A request that cannot be admitted yet must not flush the tree on every
         scheduling pass; stock SGLang's admission likewise counts evictable tokens before evicting."""
         goal = self.store.available_pages + pages
-        if self.store.available_pages + self.freeable_pages() < goal:
+        if self.store.tree_pages < pages or self.freeable_pages() < pages:  # the first: O(1), no walk
             self.store.count("evictions_refused")
             return False
         if self.store.has_windows:
