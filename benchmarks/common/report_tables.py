@@ -648,6 +648,107 @@ def gemma_throughput_row() -> list:
     return repeats_row(f"serving/{GEMMA_THROUGHPUT[-1]}.json", "Gemma-3-270m (a hybrid)")
 
 
+THINK_TIME = "serving/think_time.json"  # benchmarks.serving.think_time
+THINK_COUNTERS = ("matched_tokens", "evicted_tokens_admission", "evicted_tokens_decode", "evicted_tokens_flush",
+                  "evicted_tokens_sglang", "evictions_refused", "published_segments", "twin_segments",
+                  "detached_segments", "waited", "retracted")
+
+
+def median(xs) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def think_figures(run: dict) -> dict:
+    """One server's run of the think-time benchmark: answers right, turns/s, the share of later turns' prompts
+    read from the cache (in all, and per turn), TTFT p50 / p99, prompt tokens prefilled."""
+    turns = [t for s in run["sessions"] for t in s["turns"]]
+    later = [t for t in turns if t["turn"] > 1]
+    per_turn: dict = {}
+    for t in later:
+        c, p = per_turn.get(t["turn"], (0, 0))
+        per_turn[t["turn"]] = (c + t["cached_tokens"], p + t["prompt_tokens"])
+    ttft = sorted(t["ttft_s"] for t in turns) or [0.0]
+    return dict(right=sum(bool(s.get("right")) for s in run["sessions"]), sessions=len(run["sessions"]),
+                turns=len(turns), turns_per_s=len(turns) / max(run["wall_s"], 1e-9),
+                reuse=sum(t["cached_tokens"] for t in later) / max(1, sum(t["prompt_tokens"] for t in later)),
+                reuse_per_turn={k: c / max(1, p) for k, (c, p) in sorted(per_turn.items())},
+                ttft_p50=median(ttft), ttft_p99=ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))],
+                prefilled=sum(t["prompt_tokens"] - t["cached_tokens"] for t in turns))
+
+
+def think_by_server(res: dict) -> dict:
+    out: dict = {}
+    for r in res["runs"]:
+        out.setdefault(r["server"], []).append(r)
+    return out
+
+
+def _think_medians(res: dict) -> dict:
+    keys = ("turns_per_s", "reuse", "ttft_p50", "ttft_p99", "right")
+    return {name: {k: median(think_figures(r)[k] for r in rs) for k in keys} for name, rs in think_by_server(res).items()}
+
+
+def _best_stock(meds: dict) -> str | None:
+    stock = [n for n in meds if n.startswith("stock")]
+    return max(stock, key=lambda n: meds[n]["turns_per_s"]) if stock else None
+
+
+def think_time_table(res: dict) -> list[str]:
+    """The think-time benchmark's Markdown: the workload, a row per server (median [min, max] over the runs),
+    the profile's reuse counters."""
+    a = res["args"]
+    rng = lambda xs, f: f"{f(median(xs))} [{f(min(xs))}, {f(max(xs))}]"  # noqa: E731
+    runs, meds = think_by_server(res), _think_medians(res)
+    best = _best_stock(meds)
+    lines = [f"{a['sessions']} sessions arriving over {a['arrival_window']:g} s, {a['turns']} turns each over the "
+             f"OpenAI chat API (streamed, greedy): {a['turns'] - 1} documents of about {a['doc_tokens']} tokens "
+             f"(the first carries an access code), then the question for the code; think time between turns "
+             f"{a['think']} with mean {a['think_mean']:g} s; every server gets `--max-total-tokens "
+             f"{a['max_total_tokens']}` (the same KV bytes). {res['model_path'].rstrip('/').split('/')[-1]}, profile "
+             f"`{a['profile']}` at {a['ratio']:g}. Median [min, max] over {a['repeats']} alternating run(s); "
+             f"'vs best stock' divides by the stock server with the highest median turns/s ({best}).", "",
+             "| server | runs | right | turns/s | vs best stock | later turns reused | reuse per turn (2, 3, ...) "
+             "| TTFT p50 s | TTFT p99 s | prompt tokens prefilled |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, rs in runs.items():
+        fs = [think_figures(r) for r in rs]
+        per_turn = ", ".join(f"{100 * median(f['reuse_per_turn'].get(k, 0) for f in fs):.0f}%"
+                             for k in sorted(fs[0]["reuse_per_turn"]))
+        vs = f"{meds[name]['turns_per_s'] / meds[best]['turns_per_s']:.2f}x" if best else "-"
+        lines.append(f"| {name} | {len(rs)} | {rng([f['right'] for f in fs], lambda x: f'{x:g}')}/{fs[0]['sessions']} "
+                     f"| {rng([f['turns_per_s'] for f in fs], lambda x: f'{x:.3f}')} | {vs} | "
+                     f"{rng([100 * f['reuse'] for f in fs], lambda x: f'{x:.1f}%')} | {per_turn} | "
+                     f"{rng([f['ttft_p50'] for f in fs], lambda x: f'{x:.1f}')} | "
+                     f"{rng([f['ttft_p99'] for f in fs], lambda x: f'{x:.1f}')} | "
+                     f"{rng([f['prefilled'] for f in fs], lambda x: f'{x:.0f}')} |")
+    last = {r["server"]: r for r in res["runs"] if r.get("pool_info")}
+    if last:
+        lines += ["", "The profile's counters (`pool_info`, the last run of each server): " + "; ".join(
+            f"{name}: " + ", ".join(f"{k} {r['pool_info'][k]:,}" for k in THINK_COUNTERS if k in r["pool_info"])
+            for name, r in last.items())]
+    return lines
+
+
+def think_time_row(res: dict, link_to: str) -> list[str]:
+    """The README's row: the profile under SGLang's default policy against the fastest stock server (median
+    turns/s over the runs), the ratio-1.0 control beside."""
+    a, meds = res["args"], _think_medians(res)
+    stock, tg, ctl = _best_stock(meds), meds["tangram"], meds.get("tangram-1.0")
+    runs = len(think_by_server(res)["tangram"])
+    cell = lambda m: (f"later turns reused {100 * m['reuse']:.0f}%, TTFT p50 / p99 {m['ttft_p50']:.0f} / "  # noqa: E731
+                      f"{m['ttft_p99']:.0f} s, {m['right']:g}/{a['sessions']} right")
+    profile = a["profile"].rsplit("/", 1)[-1].split(".yaml")[0]
+    return [f"Multi-turn sessions that pause between turns, {res['model_path'].rstrip('/').split('/')[-1]}, {profile} "
+            f"{a['ratio']:g} under SGLang's default policy, {a['sessions']} sessions arriving over "
+            f"{a['arrival_window']:g} s x {a['turns']} turns, pauses {a['think']} mean {a['think_mean']:g} s, "
+            f"{a['max_total_tokens']:,} full-KV tokens' bytes ({runs} run{'s' * (runs > 1)})",
+            f"**{tg['turns_per_s'] / meds[stock]['turns_per_s']:.2f}x** the best stock's turns/s; {cell(tg)}",
+            f"best stock ({stock.removeprefix('stock-')}): {cell(meds[stock])}"
+            + (f"; ratio-1.0 control {ctl['turns_per_s'] / meds[stock]['turns_per_s']:.2f}x, reused "
+               f"{100 * ctl['reuse']:.0f}%" if ctl else ""), link_to]
+
+
 def key_results() -> list[str]:
     rows = []
     for key in SHIPPED:
@@ -673,6 +774,8 @@ def key_results() -> list[str]:
     rows.append(gemma_throughput_row())
     rows.append(bench_serving_row())
     rows.append(bench_serving_row(BENCH_LOW))
+    if (RESULTS / THINK_TIME).exists():
+        rows.append(think_time_row(load(THINK_TIME), link(THINK_TIME)))
     rows.append(long_row())
     p = {r["setting"]: r for r in load("serving/pressure.json")["rows"]}
     st = p.pop("stock SGLang")
@@ -748,6 +851,7 @@ DOC_BLOCKS = {
     "bench-serving": bench_serving_table,
     "bench-serving-low-rate": lambda: bench_serving_table(name=BENCH_LOW),
     "fidelity-long": lambda: long_table(),  # defined below
+    "think-time": lambda: think_time_table(load(THINK_TIME)),
 }
 
 

@@ -11,8 +11,8 @@ Servers (--servers, each launched in turn with the same --max-total-tokens, i.e.
 --repeats alternates them):
   stock-fcfs, stock-lpm            stock SGLang, default policy / longest prefix match first
   stock-lpm-sessions               stock lpm with --enable-session-radix-cache, requests carry session_id
-  tangram, tangram-lpm             --tangram-profile at --ratio, default policy / lpm
-  tangram-1.0, tangram-1.0-lpm     a uniform ratio-1.0 profile (no compression): the data-plane control
+  tangram, tangram-fcfs            --tangram-profile at --ratio, its default policy (lpm) / SGLang's fcfs
+  tangram-1.0, tangram-1.0-fcfs    a uniform ratio-1.0 profile (no compression): the data-plane control
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.serving.think_time --sessions 16 --max-total-tokens 8192
     # writes benchmarks/results/serving/think_time.{json,md}
@@ -35,6 +35,9 @@ import threading
 import time
 
 from benchmarks.common.client import HEADERS, server_state
+from benchmarks.common.report_tables import think_by_server as _by_server
+from benchmarks.common.report_tables import think_figures as figures
+from benchmarks.common.report_tables import think_time_table as fmt_md
 from benchmarks.common.corpus import repo_texts
 from benchmarks.common.log import logger
 from benchmarks.common.models import ensure_model
@@ -53,9 +56,9 @@ SERVERS = {  # name -> (profile kind: None / "shipped" / "uniform", extra args, 
     "stock-lpm": (None, ["--schedule-policy", "lpm"], False),
     "stock-lpm-sessions": (None, ["--schedule-policy", "lpm", "--enable-session-radix-cache"], True),
     "tangram": ("shipped", [], False),
-    "tangram-lpm": ("shipped", ["--schedule-policy", "lpm"], False),
+    "tangram-fcfs": ("shipped", ["--schedule-policy", "fcfs"], False),
     "tangram-1.0": ("uniform", [], False),
-    "tangram-1.0-lpm": ("uniform", ["--schedule-policy", "lpm"], False),
+    "tangram-1.0-fcfs": ("uniform", ["--schedule-policy", "fcfs"], False),
 }
 
 
@@ -208,69 +211,12 @@ def run_server(name: str, model_path: str, args, wl: Workload) -> dict:
     return out
 
 
-# -- figures --------------------------------------------------------------------------------------
-def figures(run: dict) -> dict:
-    turns = [t for s in run["sessions"] for t in s["turns"]]
-    later = [t for t in turns if t["turn"] > 1]
-    per_turn = {}
-    for t in later:
-        c, p = per_turn.get(t["turn"], (0, 0))
-        per_turn[t["turn"]] = (c + t["cached_tokens"], p + t["prompt_tokens"])
-    ttft = sorted(t["ttft_s"] for t in turns) or [0.0]
-    return dict(right=sum(bool(s.get("right")) for s in run["sessions"]), sessions=len(run["sessions"]),
-                turns=len(turns), turns_per_s=len(turns) / max(run["wall_s"], 1e-9),
-                reuse=sum(t["cached_tokens"] for t in later) / max(1, sum(t["prompt_tokens"] for t in later)),
-                reuse_per_turn={k: c / max(1, p) for k, (c, p) in sorted(per_turn.items())},
-                ttft_p50=statistics.median(ttft), ttft_p99=ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))],
-                prefilled=sum(t["prompt_tokens"] - t["cached_tokens"] for t in turns))
-
-
+# -- figures (the tables are report_tables', stdlib only, so the docs check needs no venv) ----------------
 def summarize(run: dict) -> str:
     f = figures(run)
     return (f"right {f['right']}/{f['sessions']}, {f['turns_per_s']:.3f} turns/s, later turns reused "
             f"{100 * f['reuse']:.1f}%, TTFT p50 {f['ttft_p50']:.1f} s p99 {f['ttft_p99']:.1f} s, "
             f"prefilled {f['prefilled']}, {len(run['errors'])} errors")
-
-
-COUNTERS = ("matched_tokens", "evicted_tokens_admission", "evicted_tokens_decode", "evicted_tokens_flush",
-            "evicted_tokens_sglang", "evictions_refused", "published_segments", "twin_segments",
-            "detached_segments", "waited", "retracted")
-
-
-def fmt_md(res: dict) -> list[str]:
-    a = res["args"]
-    med = lambda xs, f: f"{f(statistics.median(xs))} [{f(min(xs))}, {f(max(xs))}]"  # noqa: E731
-    runs: dict = {}
-    for r in res["runs"]:
-        runs.setdefault(r["server"], []).append(r)
-    best = max((statistics.median(figures(r)["turns_per_s"] for r in rs), name) for name, rs in runs.items()
-               if SERVERS[name][0] is None)[1] if any(SERVERS[n][0] is None for n in runs) else None
-    lines = [f"{a['sessions']} sessions arriving over {a['arrival_window']} s, {a['turns']} turns each over the "
-             f"OpenAI chat API (streamed, greedy): {a['turns'] - 1} documents of about {a['doc_tokens']} tokens "
-             f"(the first carries an access code), then the question for the code; think time between turns "
-             f"{a['think']} with mean {a['think_mean']} s; every server gets `--max-total-tokens "
-             f"{a['max_total_tokens']}` (the same KV bytes). {os.path.basename(res['model_path'])}, profile "
-             f"`{a['profile']}` at {a['ratio']}. Median [min, max] over {a['repeats']} alternating runs; "
-             f"'vs best stock' divides by the stock server with the highest median turns/s ({best}).", "",
-             "| server | runs | right | turns/s | vs best stock | later turns reused | reuse per turn (2, 3, ...) "
-             "| TTFT p50 s | TTFT p99 s | prompt tokens prefilled |", "|---|---|---|---|---|---|---|---|---|---|"]
-    ref = statistics.median(figures(r)["turns_per_s"] for r in runs[best]) if best else None
-    for name, rs in runs.items():
-        fs = [figures(r) for r in rs]
-        per_turn = ", ".join(f"{100 * statistics.median(f['reuse_per_turn'].get(k, 0) for f in fs):.0f}%"
-                             for k in sorted(fs[0]["reuse_per_turn"]))
-        tps = [f["turns_per_s"] for f in fs]
-        lines.append(f"| {name} | {len(rs)} | {med([f['right'] for f in fs], lambda x: f'{x:g}')}/{fs[0]['sessions']} "
-                     f"| {med(tps, lambda x: f'{x:.3f}')} | "
-                     + (f"{statistics.median(tps) / ref:.2f}x" if ref else "-")
-                     + f" | {med([100 * f['reuse'] for f in fs], lambda x: f'{x:.1f}%')} | {per_turn} | "
-                     f"{med([f['ttft_p50'] for f in fs], lambda x: f'{x:.1f}')} | "
-                     f"{med([f['ttft_p99'] for f in fs], lambda x: f'{x:.1f}')} | "
-                     f"{med([f['prefilled'] for f in fs], lambda x: f'{x:.0f}')} |")
-    lines += ["", "The profile's counters (pool_info, last run of each server): "
-              + "; ".join(f"{r['server']}: " + ", ".join(f"{k} {r['pool_info'][k]}" for k in COUNTERS if k in r["pool_info"])
-                          for r in {r["server"]: r for r in res["runs"]}.values() if r.get("pool_info"))]
-    return lines
 
 
 def plot(res: dict, path: str) -> None:
@@ -280,9 +226,7 @@ def plot(res: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs: dict = {}
-    for r in res["runs"]:
-        runs.setdefault(r["server"], []).append(figures(r)["reuse_per_turn"])
+    runs = {name: [figures(r)["reuse_per_turn"] for r in rs] for name, rs in _by_server(res).items()}
     turns = sorted({k for rs in runs.values() for per in rs for k in per})
     fig, ax = plt.subplots(figsize=(7, 3.6))
     width = 0.8 / max(1, len(runs))
@@ -304,7 +248,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2", choices=sorted(PROFILES))
     ap.add_argument("--profile", default=None, help="default: the model's shipped FastKVzip profile")
     ap.add_argument("--ratio", type=float, default=None, help="default: the profile's default ratio")
-    ap.add_argument("--servers", nargs="+", default=["stock-lpm", "tangram", "tangram-lpm", "tangram-1.0"],
+    ap.add_argument("--servers", nargs="+", default=["tangram", "tangram-fcfs", "stock-lpm", "tangram-1.0"],
                     choices=list(SERVERS))
     ap.add_argument("--sessions", type=int, default=16)
     ap.add_argument("--turns", type=int, default=4, help="documents + the final question")

@@ -47,6 +47,36 @@ def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> No
                        help="Attention kernels: auto (Triton on CUDA, the torch data plane elsewhere), "
                             "torch (the reference), triton (on CPU only under TRITON_INTERPRET=1, for tests), "
                             "cuda (the CUDA decode kernel, compiled at start, with the Triton prefill).")
+    # Unset unless given, so a profile can pick its own default (profile_defaults); SGLang's otherwise.
+    parser.set_defaults(schedule_policy=None)
+
+
+# With a profile, multi-turn serving's defaults where the user chose nothing. lpm admits the turns whose history
+# the tree still holds first: with more open sessions than the pool holds, SGLang's fcfs admits turns in arrival
+# order and each one waiting behind the queue loses its history to the admissions ahead of it (the think-time
+# benchmark: fcfs reused 2% of later turns, lpm most). SGLang itself falls back to fcfs past 128 waiting.
+PROFILE_DEFAULTS = {"schedule_policy": "lpm"}
+
+
+def profile_defaults(target: dict, profile: TangramProfile | None) -> list[str]:
+    """Fill the unset (missing or None) fields of PROFILE_DEFAULTS: the profile's choice with one, SGLang's
+    own default without (the CLI parser's default was unset to tell the two apart). Returns what it chose,
+    to log once the launch is accepted (a refused launch prints its one line only)."""
+    chosen = []
+    for name, value in PROFILE_DEFAULTS.items():
+        if target.get(name) is not None:
+            continue
+        if profile is None:
+            target.pop(name, None)  # SGLang's default applies (the Engine path: a missing kwarg)
+            continue
+        target[name] = value
+        chosen.append(f"--{name.replace('_', '-')} {value}")
+    return chosen
+
+
+def _log_chosen(chosen: list[str]) -> None:
+    for what in chosen:
+        logger.info("Tangram: %s (the default with a profile; pass the option to choose another)", what)
 
 
 def serving_overrides(profile: TangramProfile | None, data_plane: str | None = "auto",
@@ -153,12 +183,35 @@ def from_cli_args(original, cls, args: argparse.Namespace):
         path, profile = read_profile(getattr(args, "tangram_profile", None))
         data_plane = getattr(args, "tangram_data_plane", "auto")
         _apply_overrides(vars(args), serving_overrides(profile, data_plane, getattr(args, "device", None)))
+        chosen = _cli_defaults(args, profile)
         server_args = original(cls, args)
         attach_profile(server_args, path, profile, getattr(args, "tangram_ratio", None), data_plane)
+        _log_chosen(chosen)
     except ProfileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     return server_args
+
+
+def _cli_defaults(args: argparse.Namespace, profile: TangramProfile | None) -> list[str]:
+    """profile_defaults on the parsed CLI: a field left unset gets the profile's default, else the field's own."""
+    values = vars(args)
+    chosen = profile_defaults(values, profile)
+    from sglang.srt.server_args import ServerArgs
+
+    for name in PROFILE_DEFAULTS:
+        if values.get(name) is None:
+            values[name] = _field_default(ServerArgs, name)
+    return chosen
+
+
+def _field_default(cls, name: str):
+    import msgspec
+
+    for field in msgspec.structs.fields(cls):
+        if field.name == name:
+            return field.default
+    raise AttributeError(f"ServerArgs has no field {name}")
 
 
 def engine_server_args_factory(server_args_cls):
@@ -169,8 +222,10 @@ def engine_server_args_factory(server_args_cls):
         ratio = kwargs.pop("tangram_ratio", None)
         data_plane = kwargs.pop("tangram_data_plane", "auto")
         _apply_overrides(kwargs, serving_overrides(profile, data_plane, kwargs.get("device")))
+        chosen = profile_defaults(kwargs, profile)
         server_args = server_args_cls(**kwargs)
         attach_profile(server_args, path, profile, ratio, data_plane)
+        _log_chosen(chosen)
         return server_args
 
     build.tangram_wrapped = server_args_cls

@@ -224,3 +224,20 @@ def test_refusal_fires_through_sglangs_launcher_and_engine(tiny_llama, profile):
     assert out.returncode == 2 and "--enable-mixed-chunk: not supported with --tangram-profile" in out.stderr, out.stderr
     with pytest.raises(UnsupportedOption, match="--attn-cp-size 2: not supported"):
         sglang.Engine(model_path=tiny_llama[0], tangram_profile=profile, attn_cp_size=2)
+
+
+def test_a_profile_serves_multi_turn_with_lpm_unless_a_policy_is_given(tiny_llama, profile):
+    """With a profile and no --schedule-policy, lpm (returning turns whose history is cached go first); a
+    policy the user gives is kept; without a profile SGLang's own default (fcfs) stays."""
+    from sglang.srt.entrypoints.engine import Engine
+
+    def cli(*extra):
+        return prepare_server_args(["--model-path", tiny_llama[0], *extra]).schedule_policy
+
+    assert cli("--tangram-profile", profile) == "lpm"
+    assert cli("--tangram-profile", profile, "--schedule-policy", "fcfs") == "fcfs"
+    assert cli() == "fcfs" and cli("--schedule-policy", "lpm") == "lpm"
+    build = Engine.server_args_class
+    assert build(model_path=tiny_llama[0], tangram_profile=profile).schedule_policy == "lpm"
+    assert build(model_path=tiny_llama[0], tangram_profile=profile, schedule_policy="fcfs").schedule_policy == "fcfs"
+    assert build(model_path=tiny_llama[0]).schedule_policy == "fcfs"
