@@ -55,8 +55,10 @@ def _request_tokens(serving: TangramServing, state: RequestState) -> int:
 
 
 def log_line(info: dict) -> str:
+    evicted = sum(info[f"evicted_tokens_{why}"] for why in ("admission", "decode", "flush", "sglang"))
     return (f"tangram pages: {info['pages_used']}/{info['pages_total']} used "
-            f"({info['pages_held_by_tree']} in tree), saved {100 * info['saved_vs_full_kv']:.1f}% of full KV")
+            f"({info['pages_held_by_tree']} in tree), saved {100 * info['saved_vs_full_kv']:.1f}% of full KV; "
+            f"tokens matched {info['matched_tokens']}, evicted {evicted}")
 
 
 def check_integrity(serving: TangramServing, tree) -> None:

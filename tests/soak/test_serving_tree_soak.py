@@ -666,3 +666,8 @@ def test_publish_and_eviction_counters():
     assert c.matched_tokens - before == len(finished[0])
     d.tree.evict(EvictParams(num_tokens=1))
     assert c.evicted_tokens_sglang > 0 and c.evicted_segments > 0
+    from tangram_sglang.serving.observability import log_line, pool_info
+
+    info = pool_info(d.serving, d.tree)
+    assert info["matched_tokens"] == c.matched_tokens and info["evicted_tokens_sglang"] == c.evicted_tokens_sglang
+    assert log_line(info).endswith(f"tokens matched {c.matched_tokens}, evicted {c.evicted_tokens_sglang}")
