@@ -731,8 +731,8 @@ def think_time_table(res: dict) -> list[str]:
 
 
 def think_time_row(res: dict, link_to: str) -> list[str]:
-    """The README's row: the profile under SGLang's default policy against the fastest stock server (median
-    turns/s over the runs), the ratio-1.0 control beside."""
+    """The README's row: the profile as launched with no other option (its default policy) against the fastest
+    stock server (median turns/s over the runs), the ratio-1.0 control beside."""
     a, meds = res["args"], _think_medians(res)
     stock, tg, ctl = _best_stock(meds), meds["tangram"], meds.get("tangram-1.0")
     runs = len(think_by_server(res)["tangram"])
@@ -740,7 +740,7 @@ def think_time_row(res: dict, link_to: str) -> list[str]:
                       f"{m['ttft_p99']:.0f} s, {m['right']:g}/{a['sessions']} right")
     profile = a["profile"].rsplit("/", 1)[-1].split(".yaml")[0]
     return [f"Multi-turn sessions that pause between turns, {res['model_path'].rstrip('/').split('/')[-1]}, {profile} "
-            f"{a['ratio']:g} under SGLang's default policy, {a['sessions']} sessions arriving over "
+            f"{a['ratio']:g} launched with the profile alone (its default policy, lpm), {a['sessions']} sessions arriving over "
             f"{a['arrival_window']:g} s x {a['turns']} turns, pauses {a['think']} mean {a['think_mean']:g} s, "
             f"{a['max_total_tokens']:,} full-KV tokens' bytes ({runs} run{'s' * (runs > 1)})",
             f"**{tg['turns_per_s'] / meds[stock]['turns_per_s']:.2f}x** the best stock's turns/s; {cell(tg)}",
@@ -1073,6 +1073,9 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "bench_serving": ("SGLang's own bench_serving, multi-turn (generated-shared-prefix, replies fed back), stock "
                       "against Tangram at the same KV bytes, 3 alternating runs",
                       lambda: " ".join(bench_serving_row()[1:3]).replace("**", ""), None),
+    "think_time": ("Multi-turn sessions that pause between turns (exponential think time), more open sessions than "
+                   "the pool holds: the profile under its default policy (lpm) and fcfs, stock lpm, the 1.0 control",
+                   lambda: " ".join(think_time_row(load(THINK_TIME), "")[1:3]).replace("**", ""), None),
     "bench_serving_low_rate": ("The same bench_serving workload at a tenth of the rate: 0.05 conversations started "
                                "per second, 3 alternating runs",
                                lambda: " ".join(bench_serving_row(BENCH_LOW)[1:3]).replace("**", ""), None),
