@@ -80,11 +80,10 @@ def check_server_args(server_args) -> None:
         if value is not None and bad(value):
             flag = f"--{field.replace('_', '-')}"
             raise UnsupportedOption(flag if value is True else f"{flag} {value}", why)
-    raw = _model_config(getattr(server_args, "model_path", None), text_only=False)
-    if _serves_multimodal(raw.get("architectures") or [], getattr(server_args, "enable_multimodal", None)):
-        raise UnsupportedOption(f"model {raw['architectures'][0]} (multimodal)",
-                                "SGLang serves its image / audio / video inputs, whose tokens are not calibrated")
     config = _model_config(getattr(server_args, "model_path", None))
+    if _serves_multimodal(config.get("architectures") or [], getattr(server_args, "enable_multimodal", None)):
+        raise UnsupportedOption(f"model {config['architectures'][0]} (multimodal)",
+                                "SGLang serves its image / audio / video inputs, whose tokens are not calibrated")
     arch = set(config.get("architectures") or [])
     other = other_attention_layers(config)
     if other:
@@ -124,9 +123,9 @@ def _serves_multimodal(arch: list[str], enable_multimodal: bool | None) -> bool:
     return arch[0] not in MULTIMODAL_OFF_BY_DEFAULT if enable_multimodal is None else bool(enable_multimodal)
 
 
-def _model_config(model_path: str | None, text_only: bool = True) -> dict:
-    """config.json of a model folder, its text model's for a multimodal one unless not text_only ({} without
-    one: a hub name)."""
+def _model_config(model_path: str | None) -> dict:
+    """config.json of a model folder, its text model's (with the top level's architectures) for a multimodal
+    one ({} without one: a hub name)."""
     path = os.path.join(model_path or "", "config.json")
     if not model_path or not os.path.isfile(path):
         return {}
@@ -135,8 +134,6 @@ def _model_config(model_path: str | None, text_only: bool = True) -> dict:
     with open(path) as f:
         config = json.load(f)
     text = config.get("text_config")
-    if not text_only:
-        return config
     return {**text, "architectures": config.get("architectures")} if isinstance(text, dict) else config
 
 
