@@ -34,6 +34,9 @@ OPTIONS = [  # (ServerArgs field, unsupported when, why)
      "prefill/decode disaggregation: transfers SGLang's token pool KV, not the ragged pool"),
     ("enable_streaming_session", bool, "streaming sessions: their KV reuse bypasses the segment radix tree"),
     ("enable_session_radix_cache", bool, "session radix cache: replaces the segment radix tree"),
+    ("radix_eviction_policy", lambda v: v not in (None, "lru"),
+     "the segment radix tree evicts least recently used segments; the other policies rank SGLang's own tree "
+     "nodes"),
     ("enable_lora", bool, "LoRA: adapters change K/V per request, compressed segments are not keyed by adapter"),
     ("lora_paths", bool, "LoRA: adapters change K/V per request, compressed segments are not keyed by adapter"),
     ("kv_cache_dtype", lambda v: v in ("mxfp8", "nvfp4", "fp4_mx_block16"),

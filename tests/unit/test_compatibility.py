@@ -39,6 +39,7 @@ def profile(tiny_llama, tmp_path):
     (["--attn-cp-size", "2"], "--attn-cp-size 2: not supported"),
     (["--enable-lora"], "--enable-lora: not supported"),
     (["--enable-session-radix-cache"], "--enable-session-radix-cache: not supported"),
+    (["--radix-eviction-policy", "lfu"], "--radix-eviction-policy lfu: not supported"),
     (["--enable-two-batch-overlap"], "--enable-two-batch-overlap: not supported"),
     (["--enable-pdmux"], "--enable-pdmux: not supported"),
     (["--enable-mixed-chunk"], "--enable-mixed-chunk: not supported"),
@@ -80,6 +81,12 @@ def test_fp8_kv_is_served_with_a_profile(tiny_llama, profile):
 def test_same_options_without_a_profile_are_sglangs_business(tiny_llama):
     args = prepare_server_args(["--model-path", tiny_llama[0], "--kv-cache-dtype", "fp8_e4m3"])
     assert args.kv_cache_dtype == "fp8_e4m3"
+
+
+def test_lru_eviction_is_the_segment_trees_own(tiny_llama, profile):
+    args = prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile,
+                                "--radix-eviction-policy", "lru"])
+    assert args.radix_eviction_policy == "lru"
 
 
 def test_mixed_chunked_prefill_is_refused():
