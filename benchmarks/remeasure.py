@@ -14,7 +14,9 @@ already measured the current code. A figure is current when
 * every other figure: its results file is stamped with a commit (no uncommitted changes) whose served
   files (tangram_sglang/ less what the server never loads, ``NOT_SERVED``), benchmark code (the module and
   what it imports from benchmarks/, less the files that only write and render results), launch flags (the
-  package modules it imports: sglang/server_process.py) and profiles equal the working tree's.
+  package modules it imports: sglang/server_process.py) and profiles equal the working tree's, or differ
+  only by commits recorded in benchmarks/neutral_changes.json (a log line, a refusal, a refactor: changes
+  that leave its inputs the same, each with the test that shows it).
 
 Results files the README or docs/results.md cite that no command here re-measures (a lent GPU's runs, the
 historical records) are listed in OTHER_RESULTS with the reason; ``--status`` names them too.
@@ -292,9 +294,37 @@ def stamp_status(fig: Figure, results_dir: str) -> tuple[bool, str]:
         return False, f"commit {commit} is not in this repository"
     now = files_at(None, fig)
     changed = sorted(p for p in then.keys() | now.keys() if then.get(p) != now.get(p))
-    if changed:
-        return False, f"{len(changed)} counted files changed since {commit} ({', '.join(changed[:3])}...)"
-    return True, f"measured at {commit}"
+    if not changed:
+        return True, f"measured at {commit}"
+    carried = carried_over(commit, changed, now, fig)
+    if carried:
+        return True, f"measured at {commit}, carried over {', '.join(carried)} (NEUTRAL_CHANGES: inputs unchanged)"
+    return False, f"{len(changed)} counted files changed since {commit} ({', '.join(changed[:3])}...)"
+
+
+NEUTRAL_CHANGES = os.path.join(ROOT, "benchmarks", "neutral_changes.json")
+
+
+def neutral_commits() -> dict[str, str]:
+    """{commit: why} of the commits recorded as leaving every figure's inputs the same (a refusal, a guard,
+    a log line, a refactor), each with the test that shows it (the guide's rule: such changes keep figures)."""
+    try:
+        rows = json.load(open(NEUTRAL_CHANGES))["commits"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {r["commit"]: r["why"] for r in rows}
+
+
+def carried_over(commit: str, changed: list[str], now: dict[str, str], fig: Figure) -> list[str]:
+    """The commits a stamped figure is carried over, when every commit since it that touched a changed
+    counted file is recorded neutral and the working tree holds those files as committed; else []."""
+    head = files_at("HEAD", fig)
+    if any(now.get(p) != head.get(p) for p in changed):
+        return []
+    touched = _git("log", "--format=%H", f"{commit}..HEAD", "--", *changed).split()
+    neutral = neutral_commits()
+    short = [next((c for c in neutral if full.startswith(c)), None) for full in touched]
+    return short if touched and all(short) else []
 
 
 def fidelity_status(fig: Figure, results_dir: str) -> tuple[bool, str]:

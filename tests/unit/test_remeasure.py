@@ -1,6 +1,8 @@
 """benchmarks.remeasure: which figures measured the current code, and the commands it runs."""
 
 import json
+import os
+import re
 
 import pytest
 
@@ -34,6 +36,35 @@ def test_a_stamped_commit_is_current_only_while_its_counted_files_are_unchanged(
     now["tangram_sglang/pool/page_pool.py"] = "c3"
     ok, why = stamp_status(FIG, str(tmp_path))
     assert not ok and why.startswith("1 counted files changed since HEAD (tangram_sglang/pool/page_pool.py")
+
+
+def test_a_figure_is_carried_over_recorded_neutral_commits_only(tmp_path, monkeypatch):
+    _write(tmp_path, "serving", "x.json", {"stamp": {"commit": "abc1234"}})
+    then = {"tangram_sglang/sglang/compatibility.py": "a1", "tangram_sglang/pool/page_pool.py": "b1"}
+    now = {"tangram_sglang/sglang/compatibility.py": "a2", "tangram_sglang/pool/page_pool.py": "b1"}
+    head = dict(now)
+    monkeypatch.setattr(remeasure, "files_at", lambda commit, fig: then if commit == "abc1234" else
+                        head if commit == "HEAD" else now)
+    log = ["1111111aaaa", "2222222bbbb"]
+    monkeypatch.setattr(remeasure, "_git", lambda *a, **k: "\n".join(log) + "\n")
+    monkeypatch.setattr(remeasure, "neutral_commits", lambda: {"1111111": "a log line", "2222222": "a refusal"})
+    ok, why = stamp_status(FIG, str(tmp_path))
+    assert ok and why.startswith("measured at abc1234, carried over 1111111, 2222222")
+    log.append("3333333cccc")                        # one commit since the stamp is not recorded neutral
+    assert stamp_status(FIG, str(tmp_path))[0] is False
+    log.pop()
+    now["tangram_sglang/sglang/compatibility.py"] = "a3"   # uncommitted edits are never carried
+    assert stamp_status(FIG, str(tmp_path))[0] is False
+
+
+def test_the_neutral_record_names_commits_with_their_evidence():
+    rows = json.load(open(remeasure.NEUTRAL_CHANGES))["commits"]
+    assert rows and all(re.fullmatch(r"[0-9a-f]{7,40}", r["commit"]) and r["why"] for r in rows)
+    root = remeasure.ROOT
+    assert all(os.path.isfile(os.path.join(root, r["evidence"].split("::")[0])) for r in rows)
+    if remeasure._git("rev-parse", "--is-shallow-repository").strip() == "false":  # a full clone: they exist
+        for commit in remeasure.neutral_commits():
+            assert remeasure._git("rev-parse", "--verify", f"{commit}^{{commit}}").strip()
 
 
 def test_counted_files_are_the_served_package_the_module_and_its_profiles():
