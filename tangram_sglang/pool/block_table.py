@@ -13,14 +13,16 @@ Worked example, P=2, B=1, L=1, G=2, pages [[7, 3], [9]], lens [3, 1]:
     slot 2 of g=0 -> page block_table[0, 0, 0, 2 // 2] = 3, offset 0 -> flat 6.
 
 Prefill writes come as ChunkWrite per request (slot_locs [L, G, max_k], -1
-padded); stack_chunk_writes pads them to one [B, L, G, K] array.
+padded); stack_chunk_writes pads them to one [B, L, G, K] array, and
+chunk_slots_reference lists the flat slots each layer writes, the form the
+attention backend takes (out_loc).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tangram_sglang.pool.request_pages import RequestPages
+from tangram_sglang.pool.request_pages import RequestPages, div_mod, ragged_index
 
 
 def build_layer_tables(rows: list[RequestPages], num_layers: int, num_groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -42,3 +44,26 @@ def stack_chunk_writes(writes) -> tuple[np.ndarray, np.ndarray]:
     for i, w in enumerate(writes):
         locs[i, :, :, : w.slot_locs.shape[-1]] = w.slot_locs
     return locs, np.stack([w.counts for w in writes])
+
+
+def chunk_slots_reference(writes) -> list[np.ndarray]:
+    """The flat slots each layer writes for a batch's chunks (ChunkWrite per request): per layer
+    int64 [sum over (b, g) of counts[b, l, g]], in (b, g, j) order. O(slots written), no per-page
+    expansion. DeviceBlockTables.chunk_slots computes the same from the device tables.
+
+    Example, P=2, B=1, L=1, G=2: pages [[[7, 3], [9, -1]]], offset [[1, 0]], counts [[3, 1]]
+    -> [[15, 6, 7, 18]]."""
+    counts = np.stack([w.counts for w in writes]).astype(np.int64)          # [B, L, G]
+    offset = np.stack([w.offset for w in writes]).astype(np.int64)
+    B, L, G = counts.shape
+    P = writes[0].page_size
+    pages = np.full((B, L, G, max(w.pages.shape[-1] for w in writes)), -1, np.int64)
+    for i, w in enumerate(writes):
+        pages[i, ..., : w.pages.shape[-1]] = w.pages
+    order = counts.transpose(1, 0, 2)                                     # [L, B, G]: per layer, (b, g, j)
+    run, j = ragged_index(order.reshape(-1))
+    layer, rest = div_mod(run, B * G)
+    b, g = rest // G, rest % G
+    col, off = div_mod(offset[b, layer, g] + j, P)
+    flat = pages[b, layer, g, col] * P + off
+    return np.split(flat, np.cumsum(order.reshape(L, -1).sum(1))[:-1])

@@ -16,7 +16,11 @@ decode reads the tables at captured addresses, so they are then allocated once a
 their largest size (every SGLang row, the longest context) plus a scratch row
 whose lens stay 0 (the rows of a graph batch's padding entries).
 
-* ``load``: whole rows copied from the host (an extend: its work is O(context) anyway).
+* ``load``: whole rows copied from the host (a request's first extend, a stale row).
+* ``extend``: a row that already mirrors the request gets only the columns its chunk opened
+  (and its newly released window columns zeroed): O(chunk), where a reload is O(context).
+* ``chunk_slots``: the flat slots an extend batch writes, per layer, computed on the device
+  from the tables and the host-known counts (no sync).
 * ``decode``: one new slot per (row, v). The host sends only the rows and the pages
   this step opened, in one host-to-device copy; the slots to write and the new
   lengths are computed on the device, with no sync. Decode attention then reads
@@ -31,7 +35,7 @@ import numpy as np
 import torch
 
 from tangram_sglang.pool.block_table import build_layer_tables
-from tangram_sglang.pool.request_pages import RequestPages
+from tangram_sglang.pool.request_pages import RequestPages, ragged_index
 from tangram_sglang.pool.spec import PoolError
 
 
@@ -94,6 +98,56 @@ class DeviceBlockTables:
         self.lens[idx] = torch.from_numpy(lens).to(self.device).view(len(rows), -1)
         for r, rid in zip(rows, rids):
             self.owner[int(r)] = rid
+
+    def extend(self, rows: list[int], rids: list, host: list[RequestPages], npages_before: np.ndarray,
+               dead_before: np.ndarray) -> None:
+        """Bring rows up to date after each request drew its chunk's pages: rows that mirror
+        their request get the new columns [npages_before, npages) and zeros over the window
+        columns released since ([dead_before, dead)); the others are loaded whole.
+        npages_before, dead_before: int [B, V], the host's counts before the chunk."""
+        fresh = [i for i, (r, rid) in enumerate(zip(rows, rids)) if not self.mirrors(r, rid)]
+        if fresh:
+            self.load([rows[i] for i in fresh], [rids[i] for i in fresh], [host[i] for i in fresh])
+        keep = sorted(set(range(len(rows))) - set(fresh))
+        if not keep:
+            return
+        parts = []   # (row, v, column, page id) of each entry to set, per kept row
+        for i in keep:
+            h = host[i]
+            first = np.minimum(npages_before[i], h.npages).astype(np.int64)
+            v, col = ragged_index(h.npages - first)
+            col = col + first[v]
+            gone = np.minimum(dead_before[i], h.dead).astype(np.int64)
+            vd, cd = ragged_index(h.dead - gone)
+            parts.append((np.full(v.size + vd.size, rows[i], np.int64), np.concatenate([v, vd]),
+                          np.concatenate([col, cd + gone[vd]]),
+                          np.concatenate([np.maximum(h.pages[v, col], 0), np.zeros(vd.size, np.int32)])))
+        self._ensure(max(rows[i] for i in keep), max(int(host[i].npages.max(initial=1)) for i in keep))
+        r, v, col, val = (np.concatenate(x) for x in zip(*parts))
+        G = self.num_groups
+        idx = torch.from_numpy(np.stack([v // G, r, v % G, col])).to(self.device)
+        self.pages[idx[0], idx[1], idx[2], idx[3]] = torch.from_numpy(val.astype(np.int32)).to(self.device)
+        lens = np.stack([host[i].lens for i in keep]).astype(np.int32)
+        self.lens[self._rows([rows[i] for i in keep])] = torch.from_numpy(lens).to(self.device)
+
+    def chunk_slots(self, rows: torch.Tensor, before: torch.Tensor, counts: np.ndarray) -> list[torch.Tensor]:
+        """The flat slots an extend batch writes, per layer: int64 [sum over (b, g) of counts[b, l, g]]
+        in (b, g, j) order (pool/block_table.chunk_slots_reference computes the same on the host).
+        rows int64 [B] and before int32 [B, V] (slots cached before the chunk) on the device; counts
+        int [B, L, G] on the host, so every size is known without a sync. The rows' tables must
+        already hold the chunk's pages (extend / load)."""
+        B, L, G = counts.shape
+        P = self.page_size
+        order = np.ascontiguousarray(counts.transpose(1, 0, 2), dtype=np.int64).reshape(-1)   # [L * B * G]
+        per_layer = order.reshape(L, -1).sum(1)
+        total = int(per_layer.sum())
+        n = torch.from_numpy(order).to(self.device)
+        run = torch.repeat_interleave(torch.arange(order.size, device=self.device), n, output_size=total)
+        j = torch.arange(total, device=self.device) - (torch.cumsum(n, 0) - n)[run]
+        layer, b, g = run // (B * G), (run // G) % B, run % G
+        slot = before[b, layer * G + g].to(torch.int64) + j
+        page = self.pages[layer, rows[b], g, slot // P].to(torch.int64)
+        return list(torch.split(page * P + slot % P, per_layer.tolist()))
 
     def mirrors(self, row: int, rid) -> bool:
         return self.owner.get(int(row)) == rid

@@ -31,6 +31,7 @@ from tangram_sglang.method.chunks import extend_schedule
 from tangram_sglang.method.protection import chunk_protection
 from tangram_sglang.pool import RaggedKVCache
 from tangram_sglang.pool.batch_memo import BatchMemo
+from tangram_sglang.pool.block_table import chunk_slots_reference
 from tangram_sglang.pool.spec import PoolError, PoolSpec
 from tangram_sglang.scorers import ScorerState
 from tangram_sglang.serving.admission import AdmissionControl, PoolCounters
@@ -151,23 +152,24 @@ class TangramServing:
             if st.copy_src is not None:
                 self.data.copy_pages(st.copy_src, st.copy_dst)
                 st.copy_src = st.copy_dst = None
-        before = np.stack([self.cache.requests[rid].pages.lens for rid in rids]).astype(np.int32)  # [B, V]
+        host = [self.cache.requests[rid].pages for rid in rids]
+        before = np.stack([p.lens for p in host]).astype(np.int32)                              # [B, V]
+        npages_before, dead_before = np.stack([p.npages for p in host]), np.stack([p.dead for p in host])
         protect = [self.requests[rid].protect[len(self.cache.requests[rid].chunk_ends)] for rid in rids]
         writes = [self.cache.prefill_chunk(rid, int(n)) for rid, n in zip(rids, ext_lens)]
         keep = np.stack([w.counts for w in writes])                     # [B, L, G]
-        locs = [w.slot_locs for w in writes]                            # [L, G, k_b] each
         dev = self.data.k_pages.device
-        out = []
-        for layer in range(self.spec.num_layers):
-            parts = [loc[layer][np.arange(loc.shape[-1])[None, :] < kb[layer][:, None]]
-                     for loc, kb in zip(locs, keep)]
-            out.append(torch.from_numpy(np.concatenate(parts)).to(dev))
         # The tables after the chunk's pages were drawn, read only up to the slots cached before it.
         rows, host = self._rows(rids), [self.cache.requests[rid].pages for rid in rids]
-        self.tables.load(rows, rids, host)
+        self.tables.extend(rows, rids, host, npages_before, dead_before)
         self.decode_rows.changed()
         width = max(int(p.npages.max(initial=0)) for p in host)
-        table, lens = self.tables.view(rows, max(width, 1), torch.from_numpy(before).to(dev))
+        before_t = torch.from_numpy(before).to(dev)
+        table, lens = self.tables.view(rows, max(width, 1), before_t)
+        if dev.type == "cpu":   # the host's own arrays: no device round trip to save
+            out = [torch.from_numpy(x) for x in chunk_slots_reference(writes)]
+        else:
+            out = self.tables.chunk_slots(torch.as_tensor(rows, dtype=torch.int64).to(dev), before_t, keep)
         self._note_peak()
         chunks = [ChunkPlan.build(ext_lens, keep[:, layer], dev) for layer in range(self.spec.num_layers)]
         states = [[self.requests[r].scorer_states[l] for r in rids] for l in range(self.spec.num_layers)]

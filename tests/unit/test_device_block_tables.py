@@ -95,3 +95,92 @@ def test_check_names_a_diverged_row():
     tables.lens[3, 1] += 1
     with pytest.raises(PoolError, match="row 3: lens"):
         tables.check(3, cache.requests["a"].pages)
+
+
+def _old_out_loc(writes, num_layers):
+    """The extend path's write slots before chunk_slots (the per-layer mask and concatenation of
+    each request's padded slot_locs): the reference the new paths must equal."""
+    out = []
+    for layer in range(num_layers):
+        parts = [w.slot_locs[layer][np.arange(w.slot_locs.shape[-1])[None, :] < w.counts[layer][:, None]]
+                 for w in writes]
+        out.append(np.concatenate(parts))
+    return out
+
+
+def test_chunk_slots_reference_worked_example():
+    from tangram_sglang.pool.block_table import chunk_slots_reference
+    from tangram_sglang.pool.records import ChunkWrite
+
+    w = ChunkWrite(pages=np.array([[[7, 3], [9, -1]]]), offset=np.array([[1, 0]]), counts=np.array([[3, 1]]),
+                   page_size=2)
+    assert [x.tolist() for x in chunk_slots_reference([w])] == [[15, 6, 7, 18]]
+
+
+@pytest.mark.parametrize("page_size,windows,seed", [(1, None, 0), (4, [0, 6, 0], 1), (16, None, 2), (4, [0, 3, 0], 3)])
+def test_extend_batches_write_the_old_slots_and_tables_follow_incrementally(page_size, windows, seed):
+    """Random extend batches of several requests (chunks, windows, releases, re-used rows): the write
+    slots of chunk_slots_reference and of DeviceBlockTables.chunk_slots equal the old path's, and after
+    each incremental extend every row still equals the host pool (check) and the reference views."""
+    from tangram_sglang.pool.block_table import chunk_slots_reference
+
+    rng = random.Random(seed)
+    L, G = 3, 2
+    spec = PoolSpec(num_layers=L, num_groups=G, heads_per_group=1, head_dim=1, page_size=page_size, num_pages=6000)
+    beta = np.array([[0.1, 1.0], [1.0, 1.0], [0.0, 0.8]]) if windows else np.array([[0.1, 1.0], [0.5, 0.3], [0.0, 0.8]])
+    cache = RaggedKVCache(spec, beta, windows=windows)
+    tables = DeviceBlockTables(L, G, page_size, "cpu", rows=2, width=1)
+    pending: dict[str, list[int]] = {}   # rid -> chunks left
+    rows: dict[str, int] = {}
+    free_rows, count, batches, incremental = list(range(12)), 0, 0, 0
+    for _ in range(300):
+        if (rng.random() < 0.35 or not pending) and free_rows:
+            count += 1
+            rid = f"r{count}"
+            chunks = [rng.randint(1, 50) for _ in range(rng.randint(1, 5))]
+            if cache.admit(rid, chunk_tokens=chunks, decode_tokens=4) is None:
+                continue
+            pending[rid], rows[rid] = chunks, free_rows.pop(rng.randrange(len(free_rows)))
+            continue
+        rids = rng.sample(sorted(pending), rng.randint(1, len(pending)))
+        host = [cache.requests[r].pages for r in rids]
+        before = np.stack([p.lens for p in host]).astype(np.int32)
+        np0, dead0 = np.stack([p.npages for p in host]), np.stack([p.dead for p in host])
+        incremental += sum(tables.mirrors(rows[r], r) for r in rids)
+        writes = [cache.prefill_chunk(r, pending[r].pop(0)) for r in rids]
+        old = _old_out_loc(writes, L)
+        assert all(np.array_equal(a, b) for a, b in zip(chunk_slots_reference(writes), old))
+        row_list, host = [rows[r] for r in rids], [cache.requests[r].pages for r in rids]
+        tables.extend(row_list, rids, host, np0, dead0)
+        dev = tables.chunk_slots(torch.tensor(row_list), torch.from_numpy(before), np.stack([w.counts for w in writes]))
+        assert all(np.array_equal(a.numpy(), b) for a, b in zip(dev, old))
+        for r in rids:
+            tables.check(rows[r], cache.requests[r].pages)
+        _views_match(tables, cache, rids, row_list)
+        batches += 1
+        for r in [r for r in rids if not pending[r]]:          # prefill done: release, the row is re-used
+            del pending[r]
+            cache.release(r)
+            tables.forget(rows[r], r)
+            free_rows.append(rows.pop(r))
+    assert batches > 100 and incremental > 100
+
+
+def test_an_incremental_extend_zeroes_released_window_columns():
+    spec = PoolSpec(num_layers=1, num_groups=1, heads_per_group=1, head_dim=1, page_size=2, num_pages=64)
+    cache = RaggedKVCache(spec, np.array([[1.0]]), windows=[3])
+    cache.admit("b", chunk_tokens=[4], decode_tokens=0)
+    cache.prefill_chunk("b", 4)                       # so that "a"'s first page is not page 0
+    cache.admit("a", chunk_tokens=[4, 6], decode_tokens=0)
+    tables = DeviceBlockTables(1, 1, 2, "cpu")
+    cache.prefill_chunk("a", 4)
+    pages = cache.requests["a"].pages
+    tables.load([0], ["a"], [pages])
+    first = int(tables.pages[0, 0, 0, 0])
+    n0, d0 = pages.npages.copy()[None], pages.dead.copy()[None]
+    cache.prefill_chunk("a", 6)
+    pages = cache.requests["a"].pages
+    assert pages.dead[0] > 0 and first > 0
+    tables.extend([0], ["a"], [pages], n0, d0)
+    assert tables.pages[0, 0, 0, : pages.dead[0]].tolist() == [0] * int(pages.dead[0])   # as a reload leaves them
+    tables.check(0, pages)
