@@ -6,8 +6,9 @@ the B requests), then release. Per virtual layer v the budget beta_v is drawn in
   tangram          RaggedKVCache, the served calls: admit (exact plan + reserve), prefill_chunk
                    (draw + slot ids), per decode step (batched) the capacity check
                    reserve_decode_step and decode_step, release. Vectorized over V = L x G with numpy.
-  tangram_tables   the above plus the views for the attention side, as served: flat slot ids of
-                   every chunk, DeviceBlockTables (here on CPU) loaded after every chunk, and its
+  tangram_tables   the above plus the views for the attention side, as served on a CPU: the write
+                   slots of every chunk (chunk_slots_reference), DeviceBlockTables (here on CPU)
+                   extended with each chunk's pages, and its
                    decode (write slots and lengths from the step's opened pages) every step.
   compress_reclaim the same pool and block table, but no plan: each chunk allocates its
                    uncompressed length in every v, then, once compression is known, frees the
@@ -55,6 +56,7 @@ from benchmarks.common.results import write_json, write_markdown
 from benchmarks.common.stamp import stamp
 from tangram_sglang.method.budgets import keep_count
 from tangram_sglang.pool import PagePool, PoolSpec, RaggedKVCache, RequestPages, build_layer_tables, plan_reservation
+from tangram_sglang.pool.block_table import chunk_slots_reference
 from tangram_sglang.pool.request_pages import ragged_index
 
 
@@ -69,12 +71,13 @@ def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
     for r in rids:
         cache.admit(r, chunk_tokens=chunks, decode_tokens=decode)
     for n in chunks:
-        for r in rids:
-            w = cache.prefill_chunk(r, n)
-            if tables:
-                w.slot_locs
-        if tables:  # rows == rids; an extend loads its rows whole
-            dev.load(rids, rids, [cache.requests[r].pages for r in rids])
+        if tables:
+            host = [cache.requests[r].pages for r in rids]
+            npages, dead = np.stack([h.npages for h in host]), np.stack([h.dead for h in host])
+        writes = [cache.prefill_chunk(r, n) for r in rids]
+        if tables:  # as served on a CPU (serving/runtime.py extend_metadata): rows == rids
+            dev.extend(rids, rids, [cache.requests[r].pages for r in rids], npages, dead)
+            chunk_slots_reference(writes)
     t1 = time.perf_counter()
     for _ in range(decode):
         if cache.reserve_decode_step(rids) != 0:

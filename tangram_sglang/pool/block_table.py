@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tangram_sglang.pool.request_pages import RequestPages, div_mod, ragged_index
+from tangram_sglang.pool.request_pages import RequestPages, ragged_index
 
 
 def build_layer_tables(rows: list[RequestPages], num_layers: int, num_groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -48,22 +48,28 @@ def stack_chunk_writes(writes) -> tuple[np.ndarray, np.ndarray]:
 
 def chunk_slots_reference(writes) -> list[np.ndarray]:
     """The flat slots each layer writes for a batch's chunks (ChunkWrite per request): per layer
-    int64 [sum over (b, g) of counts[b, l, g]], in (b, g, j) order. O(slots written), no per-page
-    expansion. DeviceBlockTables.chunk_slots computes the same from the device tables.
+    int64 [sum over (b, g) of counts[b, l, g]], in (b, g, j) order. DeviceBlockTables.chunk_slots
+    computes the same from the device tables.
+
+    A run's slots are consecutive within each page, so the work is one piece per page touched
+    (page id and where the piece starts) and one pass over the slots (repeat + arange), no
+    per-slot division or gather.
 
     Example, P=2, B=1, L=1, G=2: pages [[[7, 3], [9, -1]]], offset [[1, 0]], counts [[3, 1]]
     -> [[15, 6, 7, 18]]."""
-    counts = np.stack([w.counts for w in writes]).astype(np.int64)          # [B, L, G]
-    offset = np.stack([w.offset for w in writes]).astype(np.int64)
-    B, L, G = counts.shape
+    counts = np.stack([w.counts for w in writes]).astype(np.int64).transpose(1, 0, 2)      # [L, B, G]
+    offset = np.stack([w.offset for w in writes]).astype(np.int64).transpose(1, 0, 2)
+    L, B, G = counts.shape
     P = writes[0].page_size
-    pages = np.full((B, L, G, max(w.pages.shape[-1] for w in writes)), -1, np.int64)
+    pages = np.zeros((L, B, G, max(w.pages.shape[-1] for w in writes)), np.int64)
     for i, w in enumerate(writes):
-        pages[i, ..., : w.pages.shape[-1]] = w.pages
-    order = counts.transpose(1, 0, 2)                                     # [L, B, G]: per layer, (b, g, j)
-    run, j = ragged_index(order.reshape(-1))
-    layer, rest = div_mod(run, B * G)
-    b, g = rest // G, rest % G
-    col, off = div_mod(offset[b, layer, g] + j, P)
-    flat = pages[b, layer, g, col] * P + off
-    return np.split(flat, np.cumsum(order.reshape(L, -1).sum(1))[:-1])
+        pages[:, i, :, : w.pages.shape[-1]] = w.pages
+    c, o, pages = counts.reshape(-1), offset.reshape(-1), pages.reshape(L * B * G, -1)
+    run, k = ragged_index(np.where(c > 0, -(-(o + c) // P), 0))             # one piece per page touched
+    lo = np.maximum(k * P - o[run], 0)                                      # the piece's slots [lo, hi) of its run
+    hi = np.minimum((k + 1) * P - o[run], c[run])
+    first = pages[run, k] * P + np.where(k == 0, o[run], 0)                 # flat id of the piece's first slot
+    length = hi - lo
+    starts = np.cumsum(length) - length
+    flat = np.repeat(first - starts, length) + np.arange(int(length.sum()))
+    return np.split(flat, np.cumsum(counts.reshape(L, -1).sum(1))[:-1])
