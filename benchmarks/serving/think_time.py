@@ -59,6 +59,11 @@ SERVERS = {  # name -> (profile kind: None / "shipped" / "uniform", extra args, 
     "tangram-fcfs": ("shipped", ["--schedule-policy", "fcfs"], False),
     "tangram-1.0": ("uniform", [], False),
     "tangram-1.0-fcfs": ("uniform", ["--schedule-policy", "fcfs"], False),
+    # SGLang's --prefill-decode-interval: a decode round after each prefill batch, so a turn's reply is not
+    # held back by the prefills queued behind it (its next turn waits on the whole reply, not the first token)
+    "stock-lpm-pdi": (None, ["--schedule-policy", "lpm", "--prefill-decode-interval", "1"], False),
+    "tangram-pdi": ("shipped", ["--prefill-decode-interval", "1"], False),
+    "tangram-1.0-pdi": ("uniform", ["--prefill-decode-interval", "1"], False),
 }
 
 

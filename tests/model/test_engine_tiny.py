@@ -146,6 +146,22 @@ def test_triton_data_plane_serves_the_oracle_tokens(tiny_llama, tmp_path, monkey
     assert got == oracle_tokens(path, profile, prompts)
 
 
+def test_decode_rounds_between_prefill_chunks_serve_the_oracle_tokens(tiny_llama, tmp_path):
+    """--prefill-decode-interval (SGLang runs decode rounds after each prefill batch, so a long prompt's
+    chunks interleave with other requests' decode steps; the profile's default with think time): the
+    dense oracle's greedy tokens, pool integrity, with a profile compressing."""
+    import torch
+
+    path, _, _ = tiny_llama
+    profile = _scorer_profile(tmp_path, path, "snapkv")
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (20, 230, 150, 12)]
+    outs, info = run_engine(path, prompts, tangram_profile=profile, prefill_decode_interval=1)
+    pool = info["pool_info"]
+    assert pool["integrity"] == "ok" and pool["saved_vs_full_kv"] > 0
+    assert outs == oracle_tokens(path, profile, prompts)
+
+
 def test_max_new_tokens_capped_to_what_the_pool_can_hold(tiny_llama, tmp_path):
     """Like stock SGLang, a request asking for more tokens than the pool could ever hold is capped at
     arrival (in pages) and completes, instead of failing mid-decode; a prompt that can never fit is
