@@ -33,7 +33,6 @@ OPTIONS = [  # (ServerArgs field, unsupported when, why)
     ("disaggregation_mode", lambda v: v not in (None, "null"),
      "prefill/decode disaggregation: transfers SGLang's token pool KV, not the ragged pool"),
     ("enable_streaming_session", bool, "streaming sessions: their KV reuse bypasses the segment radix tree"),
-    ("enable_session_radix_cache", bool, "session radix cache: replaces the segment radix tree"),
     ("radix_eviction_policy", lambda v: v not in (None, "lru"),
      "the segment radix tree evicts least recently used segments; the other policies rank SGLang's own tree "
      "nodes"),

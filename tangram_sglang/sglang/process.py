@@ -104,6 +104,8 @@ class TangramProcess:
             "grouping": p.grouping, "virtual_layers": int(p.model.num_layers * e.num_groups),
             "mean_budget": float(e.budgets.mean()), "mean_group_budget": float(e.group_budget.mean()),
             "pool": POOL_MODE, "pool_info": self.pool_info(check=True),
+            "sessions": ({"open_referenced": len(self.tree.sessions.frontiers)}
+                         if self.tree is not None and self.tree.sessions.enabled else None),
         }
 
     def pool_info(self, check: bool = False) -> dict:

@@ -38,6 +38,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult, Mat
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
 from tangram_sglang.serving.tree_store import TreeStore
+from tangram_sglang.sglang.radix_sessions import SessionRefs
 from tangram_sglang.sglang.radix_windows import drop_windows
 
 
@@ -51,6 +52,7 @@ class SegNode(TreeNode):
         self.seg = seg                    # pool Segment (None only for the root)
         self.extra_key = extra_key
         self.window_end = None            # int [V]: the latest match end below it it dropped window pages for
+        self.sessions: dict = {}          # session id -> its frontiers at or below (radix_sessions.py)
 
     @property
     def compressed(self) -> bool:
@@ -71,6 +73,8 @@ class TangramRadixCache(RadixCache):
     def __init__(self, params, store: TreeStore):
         self.store = store                       # the serving state's narrow interface (its only link)
         self.touched_order: tuple | None = None  # the waiting queue's head last touched (scheduling.py)
+        self.sessions = SessionRefs(bool(getattr(params, "enable_session_radix_cache", False)))
+        self.enable_session_radix_cache = self.sessions.enabled   # what SGLang's cache registry checks
         super().__init__(params)
 
     # -- structure -------------------------------------------------------------------------------
@@ -79,6 +83,7 @@ class TangramRadixCache(RadixCache):
             for node in self._nodes():
                 self.store.drop(node.seg.seg_id)
         super().reset()
+        self.sessions.reset()
         self._heap: list = []  # (priority, id, seq, node) of evictable leaves; stale entries skipped
         self._seq = itertools.count()
         root = SegNode(tokens=np.zeros(0, np.int64), value=[], seg=None)
@@ -167,6 +172,7 @@ class TangramRadixCache(RadixCache):
         node.tokens, node.value, node.seg = node.tokens[n:], node.value[n:].clone(), part1
         node.key = RadixKey(token_ids=node.tokens.tolist(), extra_key=node.extra_key)
         self._add_child(upper, node)
+        SessionRefs.on_split(upper, node)
         return upper
 
     def chain(self, node: SegNode) -> list:
@@ -227,6 +233,29 @@ class TangramRadixCache(RadixCache):
         self.unlock(req.lock)
         req.lock = self.lock(parent)
         req.last_node = parent  # SGLang's mirror of pub.node
+        if self.sessions.enabled and req.finished():
+            from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+            if not isinstance(req.finished_reason, FINISH_ABORT):
+                self.sessions.register(req, parent, self.root_node)
+
+    # -- sessions (SGLang's session radix cache contract) ---------------------------------------------
+    def open_radix_session(self, session_id: str) -> int:
+        return self.sessions.open(session_id)
+
+    def ensure_session_generation(self, session_id: str) -> int:
+        return self.sessions.ensure_generation(session_id)
+
+    def release_radix_session(self, session_id: str) -> int:
+        """Close: the session's segments stay cached, unreferenced (evicted before referenced ones)."""
+        for node in self.sessions.release(session_id, self.root_node):
+            if node in self.evictable_leaves:   # its heap entry ranks it as referenced: rank it again
+                heapq.heappush(self._heap, (self._priority(node), node.id, next(self._seq), node))
+        return 0
+
+    def _priority(self, node: SegNode) -> tuple:
+        """Eviction rank: leaves no open session references first, then SGLang's strategy (LRU)."""
+        return (1 if node.sessions else 0, self.eviction_strategy.get_priority(node))
 
     def _twin(self, parent: SegNode, tokens: np.ndarray, seg, extra_key):
         """A child holding the same tokens in the same slot layout (a chunk kept with another count,
@@ -271,7 +300,7 @@ class TangramRadixCache(RadixCache):
             prio, nid, _, node = heapq.heappop(self._heap)
             if node not in self.evictable_leaves:
                 continue
-            now = self.eviction_strategy.get_priority(node)
+            now = self._priority(node)
             if now != prio:
                 heapq.heappush(self._heap, (now, nid, next(self._seq), node))
                 continue
@@ -311,6 +340,7 @@ class TangramRadixCache(RadixCache):
         return self.store.freeable_pages(unlocked, locked)
 
     def _delete_leaf(self, node):
+        self.sessions.on_delete(node, self.root_node)
         self._remove_child(node.parent, node)
         self.evictable_size_ -= len(node.tokens)
         self.evictable_leaves.discard(node)
@@ -321,7 +351,7 @@ class TangramRadixCache(RadixCache):
             self.evictable_leaves.discard(node)
         elif node not in self.evictable_leaves:
             self.evictable_leaves.add(node)
-            heapq.heappush(self._heap, (self.eviction_strategy.get_priority(node), node.id, next(self._seq), node))
+            heapq.heappush(self._heap, (self._priority(node), node.id, next(self._seq), node))
 
     # -- views -----------------------------------------------------------------------------------
     def total_tokens(self) -> int:
@@ -361,6 +391,7 @@ class TangramRadixCache(RadixCache):
         if total != self.evictable_size_ + self.protected_size_ or protected != self.protected_size_:
             raise AssertionError(f"tree sizes: {total} tokens ({protected} locked) but evictable="
                                  f"{self.evictable_size_} protected={self.protected_size_}")
+        self.sessions.check(list(self._nodes()), self.root_node)
         tree_segs = {n.seg.seg_id for n in self._nodes()}
         if tree_segs != self.store.segment_ids():
             raise AssertionError(f"segments outside the tree: {sorted(self.store.segment_ids() - tree_segs)[:5]}")

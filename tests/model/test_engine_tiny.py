@@ -162,6 +162,48 @@ def test_decode_rounds_between_prefill_chunks_serve_the_oracle_tokens(tiny_llama
     assert outs == oracle_tokens(path, profile, prompts)
 
 
+def _two_turns(path, profile, prompts, sessions: bool):
+    """Two turns of each prompt (the second continues the first) on one Engine, with session ids and
+    the session radix cache or without; closes the first session. Returns (first, second results, info)."""
+    engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=2048,
+                           log_level="error", tangram_profile=profile, enable_session_radix_cache=sessions,
+                           **IDLE_KWARGS)
+    try:
+        sids = [engine.open_session(capacity_of_str_len=4096, session_id=f"s{i}") if sessions else None
+                for i in range(len(prompts))]
+        first = [engine.generate(input_ids=p, sampling_params=SAMPLING, session_id=s)["output_ids"]
+                 for p, s in zip(prompts, sids)]
+        turn2 = [p + o + [5, 6, 7] for p, o in zip(prompts, first)]
+        second = [engine.generate(input_ids=t, sampling_params=SAMPLING, session_id=s) for t, s in zip(turn2, sids)]
+        if sessions:
+            engine.close_session(sids[0])
+        info = engine.get_server_info()["internal_states"][0]["tangram"]
+    finally:
+        engine.shutdown()
+        atexit.unregister(engine.shutdown)
+    return first, second, info
+
+
+def test_session_radix_cache_through_sglangs_session_calls(tiny_llama, tmp_path):
+    """--enable-session-radix-cache with a profile, driven by SGLang's own open_session / session_id /
+    close_session: each session's second turn reads its first turn from the tree; every token equals
+    the same server's without sessions (the first turn the oracle's); after one close, one session holds
+    references; pool and tree integrity (session references included) hold."""
+    import torch
+
+    path, _, _ = tiny_llama
+    profile = _scorer_profile(tmp_path, path, "snapkv")
+    g = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (120, 75)]
+    first, second, info = _two_turns(path, profile, prompts, sessions=True)
+    plain_first, plain_second, plain_info = _two_turns(path, profile, prompts, sessions=False)
+    assert info["pool_info"]["integrity"] == "ok" and info["sessions"] == {"open_referenced": 1}
+    assert plain_info["sessions"] is None
+    assert [r["meta_info"]["cached_tokens"] for r in second] == [len(p) + len(o) - 1 for p, o in zip(prompts, first)]
+    assert first == plain_first == oracle_tokens(path, profile, prompts)
+    assert [r["output_ids"] for r in second] == [r["output_ids"] for r in plain_second]
+
+
 def test_max_new_tokens_capped_to_what_the_pool_can_hold(tiny_llama, tmp_path):
     """Like stock SGLang, a request asking for more tokens than the pool could ever hold is capped at
     arrival (in pages) and completes, instead of failing mid-decode; a prompt that can never fit is

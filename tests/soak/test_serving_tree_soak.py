@@ -58,6 +58,7 @@ class FakeReq:
         self.rid, self.prompt, self.output = rid, list(prompt), []
         self.kv = SimpleNamespace(req_pool_idx=row, cache_protected_len=0)
         self.extra_key, self.lock, self.last_node, self.done = None, None, None, False
+        self.session_id = self.session_generation = self.finished_reason = None
         self.kv_len = 0  # tokens whose KV exists
 
     def finished(self):
@@ -88,7 +89,7 @@ def window_profile(tmp_dir) -> tuple[str, object]:
 WINDOW = 20
 
 
-def build(stock_tokens=700, chunk=24, seed=0, windows_in=None):
+def build(stock_tokens=700, chunk=24, seed=0, windows_in=None, sessions=False):
     """The serving state of SmolLM2's SnapKV profile on a Llama config or, with windows_in (a
     folder), of a uniform profile of a Gemma-3-shaped config with sliding-window layers."""
     if windows_in is None:
@@ -102,16 +103,16 @@ def build(stock_tokens=700, chunk=24, seed=0, windows_in=None):
                                    protection=Protection(sinks=2, newest=6))  # to scale with the 24-token chunks
     rows = Row(64)
     alloc = TangramAllocator(serving.context.logical_tokens, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
-    tree = TangramRadixCache(CacheInitParams(disable=False, req_to_token_pool=rows,
-                                             token_to_kv_pool_allocator=alloc, page_size=1), serving.tree_store)
+    tree = TangramRadixCache(CacheInitParams(disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc,
+                                             page_size=1, enable_session_radix_cache=sessions), serving.tree_store)
     serving.admission.evict = tree.evict_pages
     return serving, tree, alloc, rows
 
 
 class Driver:
-    def __init__(self, seed, windows_in=None, chunk=24):
+    def __init__(self, seed, windows_in=None, chunk=24, sessions=False):
         self.rng = random.Random(seed)
-        self.serving, self.tree, self.alloc, self.rows = build(chunk=chunk, windows_in=windows_in)
+        self.serving, self.tree, self.alloc, self.rows = build(chunk=chunk, windows_in=windows_in, sessions=sessions)
         self.free_rows = list(range(1, 64))
         self.running: dict[str, FakeReq] = {}
         self.sessions: list[list[int]] = [[] for _ in range(6)]
@@ -128,6 +129,9 @@ class Driver:
         self.count += 1
         req = FakeReq(f"r{self.count}", self.free_rows.pop(), prompt)
         req.session = s
+        if self.tree.sessions.enabled:   # SGLang's scheduler, a request with a top-level session_id
+            req.session_id = f"s{s}"
+            req.session_generation = self.tree.ensure_session_generation(req.session_id)
         m = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=prompt, extra_key=None)))
         node, prefix = m.last_device_node, m.device_prefix_len
         self.stats["reused"] += prefix

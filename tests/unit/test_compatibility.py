@@ -38,7 +38,6 @@ def profile(tiny_llama, tmp_path):
     (["--attn-dp-size", "2"], "--attn-dp-size 2: not supported"),
     (["--attn-cp-size", "2"], "--attn-cp-size 2: not supported"),
     (["--enable-lora"], "--enable-lora: not supported"),
-    (["--enable-session-radix-cache"], "--enable-session-radix-cache: not supported"),
     (["--radix-eviction-policy", "lfu"], "--radix-eviction-policy lfu: not supported"),
     (["--enable-two-batch-overlap"], "--enable-two-batch-overlap: not supported"),
     (["--enable-pdmux"], "--enable-pdmux: not supported"),
