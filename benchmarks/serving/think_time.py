@@ -10,7 +10,10 @@ or pareto: a Lomax of shape 1.5, heavy-tailed, with the same --think-mean).
 Servers (--servers, each launched in turn with the same --max-total-tokens, i.e. the same KV bytes;
 --repeats alternates them):
   stock-fcfs, stock-lpm            stock SGLang, default policy / longest prefix match first
-  stock-lpm-sessions               stock lpm with --enable-session-radix-cache, requests carry session_id
+  stock-lpm-sessions               stock lpm with --enable-session-radix-cache, requests carry session_id,
+                                   each session closed after its last turn (/close_session)
+  tangram-sessions                 the profile (lpm) with --enable-session-radix-cache, the same clients
+  stock-lpm-pdi, tangram-pdi, ...  with SGLang's --prefill-decode-interval 1 (decode rounds between prefills)
   tangram, tangram-fcfs            --tangram-profile at --ratio, its default policy (lpm) / SGLang's fcfs
   tangram-1.0, tangram-1.0-fcfs    a uniform ratio-1.0 profile (no compression): the data-plane control
 
@@ -59,6 +62,7 @@ SERVERS = {  # name -> (profile kind: None / "shipped" / "uniform", extra args, 
     "tangram-fcfs": ("shipped", ["--schedule-policy", "fcfs"], False),
     "tangram-1.0": ("uniform", [], False),
     "tangram-1.0-fcfs": ("uniform", ["--schedule-policy", "fcfs"], False),
+    "tangram-sessions": ("shipped", ["--enable-session-radix-cache"], True),
     # SGLang's --prefill-decode-interval: a decode round after each prefill batch, so a turn's reply is not
     # held back by the prefills queued behind it (its next turn waits on the whole reply, not the first token)
     "stock-lpm-pdi": (None, ["--schedule-policy", "lpm", "--prefill-decode-interval", "1"], False),
@@ -111,6 +115,20 @@ def _think(rng: random.Random, kind: str, mean: float) -> float:
 
 
 # -- one streamed chat turn -----------------------------------------------------------------------
+def close_session(url: str, session_id: str) -> None:
+    """POST /close_session: the user left (with the session radix cache its history loses its references)."""
+    host, port = url.split("//")[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("POST", "/close_session", body=json.dumps({"session_id": session_id}), headers=HEADERS)
+        resp = conn.getresponse()
+        resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"/close_session: HTTP {resp.status}")
+    finally:
+        conn.close()
+
+
 def chat_turn(url: str, messages: list[dict], max_tokens: int, session_id: str | None,
               timeout: float = 3600) -> dict:
     """One streamed /v1/chat/completions (greedy); returns text, ttft_s, seconds, usage."""
@@ -165,6 +183,8 @@ def run_sessions(url: str, wl: Workload, with_session_ids: bool) -> dict:
                     turn=turn, prompt_tokens=usage.get("prompt_tokens", 0), cached_tokens=cached,
                     ttft_s=round(out["ttft_s"], 3), seconds=round(out["seconds"], 3)))
             results[s["index"]]["right"] = s["code"] in "".join(out["text"].split())
+            if sid is not None:
+                close_session(url, sid)
             results[s["index"]]["done_at"] = round(time.perf_counter() - t_start, 2)
         except Exception as exc:  # noqa: BLE001 - every failure is reported and fails the run
             errors.append(f"session {s['index']}: {type(exc).__name__}: {str(exc)[:300]}")
