@@ -690,6 +690,19 @@ def _think_medians(res: dict) -> dict:
     return {name: {k: median(think_figures(r)[k] for r in rs) for k in keys} for name, rs in think_by_server(res).items()}
 
 
+def _paired_ratios(res: dict, name: str, stock: str) -> list[float]:
+    """turns/s of server name over stock's, per repeat (the runs alternate, so each pair shares its host)."""
+    tps = {(r["server"], r.get("repeat", 0)): think_figures(r)["turns_per_s"] for r in res["runs"]}
+    return [v / tps[(stock, k)] for (n, k), v in sorted(tps.items()) if n == name and (stock, k) in tps]
+
+
+def _ratio_cell(res: dict, name: str, stock: str) -> str:
+    xs = _paired_ratios(res, name, stock)
+    if not xs:
+        return "-"
+    return f"{median(xs):.2f}x" + (f" [{min(xs):.2f}, {max(xs):.2f}]" if len(xs) > 1 else "")
+
+
 def _best_stock(meds: dict) -> str | None:
     stock = [n for n in meds if n.startswith("stock")]
     return max(stock, key=lambda n: meds[n]["turns_per_s"]) if stock else None
@@ -708,14 +721,15 @@ def think_time_table(res: dict) -> list[str]:
              f"{a['think']} with mean {a['think_mean']:g} s; every server gets `--max-total-tokens "
              f"{a['max_total_tokens']}` (the same KV bytes). {res['model_path'].rstrip('/').split('/')[-1]}, profile "
              f"`{a['profile']}` at {a['ratio']:g}. Median [min, max] over {a['repeats']} alternating run(s); "
-             f"'vs best stock' divides by the stock server with the highest median turns/s ({best}).", "",
+             f"'vs best stock' divides by the stock server with the highest median turns/s ({best}), per repeat "
+             f"(median [min, max] of the paired ratios).", "",
              "| server | runs | right | turns/s | vs best stock | later turns reused | reuse per turn (2, 3, ...) "
              "| TTFT p50 s | TTFT p99 s | prompt tokens prefilled |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, rs in runs.items():
         fs = [think_figures(r) for r in rs]
         per_turn = ", ".join(f"{100 * median(f['reuse_per_turn'].get(k, 0) for f in fs):.0f}%"
                              for k in sorted(fs[0]["reuse_per_turn"]))
-        vs = f"{meds[name]['turns_per_s'] / meds[best]['turns_per_s']:.2f}x" if best else "-"
+        vs = _ratio_cell(res, name, best) if best else "-"
         lines.append(f"| {name} | {len(rs)} | {rng([f['right'] for f in fs], lambda x: f'{x:g}')}/{fs[0]['sessions']} "
                      f"| {rng([f['turns_per_s'] for f in fs], lambda x: f'{x:.3f}')} | {vs} | "
                      f"{rng([100 * f['reuse'] for f in fs], lambda x: f'{x:.1f}%')} | {per_turn} | "
@@ -743,9 +757,9 @@ def think_time_row(res: dict, link_to: str) -> list[str]:
             f"{a['ratio']:g} launched with the profile alone (its default policy, lpm), {a['sessions']} sessions arriving over "
             f"{a['arrival_window']:g} s x {a['turns']} turns, pauses {a['think']} mean {a['think_mean']:g} s, "
             f"{a['max_total_tokens']:,} full-KV tokens' bytes ({runs} run{'s' * (runs > 1)})",
-            f"**{tg['turns_per_s'] / meds[stock]['turns_per_s']:.2f}x** the best stock's turns/s; {cell(tg)}",
+            f"**{_ratio_cell(res, 'tangram', stock)}** the best stock's turns/s; {cell(tg)}",
             f"best stock ({stock.removeprefix('stock-')}): {cell(meds[stock])}"
-            + (f"; ratio-1.0 control {ctl['turns_per_s'] / meds[stock]['turns_per_s']:.2f}x, reused "
+            + (f"; ratio-1.0 control {_ratio_cell(res, 'tangram-1.0', stock)}, reused "
                f"{100 * ctl['reuse']:.0f}%" if ctl else ""), link_to]
 
 
