@@ -32,7 +32,9 @@ OPTIONS = [  # (ServerArgs field, unsupported when, why)
     ("enable_hierarchical_cache", bool, "HiCache: it moves SGLang's token pool pages, the ragged pool has none"),
     ("disaggregation_mode", lambda v: v not in (None, "null"),
      "prefill/decode disaggregation: transfers SGLang's token pool KV, not the ragged pool"),
-    ("enable_streaming_session", bool, "streaming sessions: their KV reuse bypasses the segment radix tree"),
+    ("enable_streaming_session", bool, "streaming sessions: SGLang keeps a session's KV row outside the radix tree "
+     "(claim_kv_row) and extends it turn by turn, outside the compression chunk schedule; serve multi-turn "
+     "sessions with --enable-session-radix-cache and a session_id per request"),
     ("radix_eviction_policy", lambda v: v not in (None, "lru"),
      "the segment radix tree evicts least recently used segments; the other policies rank SGLang's own tree "
      "nodes"),
