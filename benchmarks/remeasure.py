@@ -305,26 +305,33 @@ def stamp_status(fig: Figure, results_dir: str) -> tuple[bool, str]:
 NEUTRAL_CHANGES = os.path.join(ROOT, "benchmarks", "neutral_changes.json")
 
 
-def neutral_commits() -> dict[str, str]:
-    """{commit: why} of the commits recorded as leaving every figure's inputs the same (a refusal, a guard,
-    a log line, a refactor), each with the test that shows it (the guide's rule: such changes keep figures)."""
+def neutral_commits() -> dict[str, frozenset]:
+    """{commit: the files it vouches for} of the commits recorded as leaving every figure's inputs the same
+    (a refusal, a guard, a log line, a refactor), each with the test that shows it (the guide's rule: such
+    changes keep their figures)."""
     try:
         rows = json.load(open(NEUTRAL_CHANGES))["commits"]
     except (OSError, ValueError, KeyError):
         return {}
-    return {r["commit"]: r["why"] for r in rows}
+    return {r["commit"]: frozenset(r.get("files", ())) for r in rows}
 
 
 def carried_over(commit: str, changed: list[str], now: dict[str, str], fig: Figure) -> list[str]:
     """The commits a stamped figure is carried over, when every commit since it that touched a changed
-    counted file is recorded neutral and the working tree holds those files as committed; else []."""
+    counted file is recorded neutral for each such file it touched, and the working tree holds those files
+    as committed; else []."""
     head = files_at("HEAD", fig)
     if any(now.get(p) != head.get(p) for p in changed):
         return []
     touched = _git("log", "--format=%H", f"{commit}..HEAD", "--", *changed).split()
-    neutral = neutral_commits()
-    short = [next((c for c in neutral if full.startswith(c)), None) for full in touched]
-    return short if touched and all(short) else []
+    neutral, short = neutral_commits(), []
+    for full in touched:
+        c = next((c for c in neutral if full.startswith(c)), None)
+        mine = set(_git("show", "--name-only", "--format=", full).split()) & set(changed)
+        if c is None or not mine <= neutral[c]:
+            return []
+        short.append(c)
+    return short
 
 
 def fidelity_status(fig: Figure, results_dir: str) -> tuple[bool, str]:

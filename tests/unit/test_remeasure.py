@@ -46,20 +46,32 @@ def test_a_figure_is_carried_over_recorded_neutral_commits_only(tmp_path, monkey
     monkeypatch.setattr(remeasure, "files_at", lambda commit, fig: then if commit == "abc1234" else
                         head if commit == "HEAD" else now)
     log = ["1111111aaaa", "2222222bbbb"]
-    monkeypatch.setattr(remeasure, "_git", lambda *a, **k: "\n".join(log) + "\n")
-    monkeypatch.setattr(remeasure, "neutral_commits", lambda: {"1111111": "a log line", "2222222": "a refusal"})
+    compat, pool = "tangram_sglang/sglang/compatibility.py", "tangram_sglang/pool/page_pool.py"
+    touched = {"1111111aaaa": [compat], "2222222bbbb": [compat, "README.md"], "3333333cccc": [compat]}
+
+    def git(*args, **kwargs):
+        if args[0] == "log":
+            return "\n".join(log) + "\n"
+        return "\n".join(touched[args[-1]]) + "\n"     # show --name-only --format= COMMIT
+
+    monkeypatch.setattr(remeasure, "_git", git)
+    neutral = {"1111111": frozenset([compat]), "2222222": frozenset([compat])}
+    monkeypatch.setattr(remeasure, "neutral_commits", lambda: neutral)
     ok, why = stamp_status(FIG, str(tmp_path))
     assert ok and why.startswith("measured at abc1234, carried over 1111111, 2222222")
     log.append("3333333cccc")                        # one commit since the stamp is not recorded neutral
     assert stamp_status(FIG, str(tmp_path))[0] is False
     log.pop()
-    now["tangram_sglang/sglang/compatibility.py"] = "a3"   # uncommitted edits are never carried
+    neutral["2222222"] = frozenset([pool])            # recorded, but not for the counted file it changed
+    assert stamp_status(FIG, str(tmp_path))[0] is False
+    neutral["2222222"] = frozenset([compat])
+    now[compat] = "a3"                                # uncommitted edits are never carried
     assert stamp_status(FIG, str(tmp_path))[0] is False
 
 
 def test_the_neutral_record_names_commits_with_their_evidence():
     rows = json.load(open(remeasure.NEUTRAL_CHANGES))["commits"]
-    assert rows and all(re.fullmatch(r"[0-9a-f]{7,40}", r["commit"]) and r["why"] for r in rows)
+    assert rows and all(re.fullmatch(r"[0-9a-f]{7,40}", r["commit"]) and r["why"] and r["files"] for r in rows)
     root = remeasure.ROOT
     assert all(os.path.isfile(os.path.join(root, r["evidence"].split("::")[0])) for r in rows)
     if remeasure._git("rev-parse", "--is-shallow-repository").strip() == "false":  # a full clone: they exist
