@@ -52,6 +52,8 @@ class PoolCounters:
     twin_segments: int = 0
     detached_segments: int = 0
     matched_tokens: int = 0     # prefix tokens admitted requests found in the tree (sum)
+    prefill_passes: int = 0   # extend forwards run (one per SGLang prefill batch)
+    prefill_chunks: int = 0   # compression chunks they computed: several per pass where requests bring several
     window_drops: int = 0   # times a tree node dropped sliding-window columns for room (again only for a later end below it)
     peak_admitted: int = 0  # most requests ever holding pages at once (admitted, not yet released)
     peak_pages_used: int = 0

@@ -37,6 +37,8 @@ GAUGES = {  # pool_info key -> help text
     "twin_segments": "Segments freed at publish: the tree already held them (running total).",
     "detached_segments": "Segments freed at publish: their chain continues a twin (running total).",
     "matched_tokens": "Prefix tokens admitted requests found in the radix tree (running total).",
+    "prefill_passes": "Prefill forwards run (running total).",
+    "prefill_chunks": "Compression chunks those forwards computed, several per forward where they fit (running total).",
     "window_drops": "Times a radix tree node dropped sliding-window pages for room (running total).",
     "peak_pages_used": "Most pages ever used at once.",
 }

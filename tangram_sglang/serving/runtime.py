@@ -111,16 +111,32 @@ class TangramServing:
         self.counters.peak_admitted = max(self.counters.peak_admitted, len(self.requests))
         return True
 
-    def planned_extend(self, rid: str) -> int | None:
-        """Tokens of the request's next compression chunk (None: prefill done, or not admitted).
+    def planned_extend(self, rid: str, limit: int | None = None) -> int | None:
+        """Tokens of the request's next prefill pass (None: prefill done, or not admitted): the
+        longest run of its next planned compression chunks within ``limit`` tokens (what SGLang
+        sized the pass to; None: one chunk), and never less than one chunk.
 
         The schedule is fixed at admission; the prefill adder makes SGLang's extend this long, so
-        the kept set never depends on how SGLang sized a pass (and nothing is re-planned)."""
+        the kept set never depends on how SGLang sized a pass (and nothing is re-planned). A pass
+        holds one chunk per request when ``multi_chunk`` is off."""
         req = self.cache.requests.get(rid)
         if req is None:
             return None
         planned = req.plan.chunk_tokens[len(req.chunk_ends):]
-        return planned[0] if planned else None
+        if not planned:
+            return None
+        if limit is None or not self.multi_chunk:
+            return planned[0]
+        ends = np.cumsum(planned)
+        return int(ends[max(int(np.searchsorted(ends, limit, side="right")) - 1, 0)])
+
+    @property
+    def multi_chunk(self) -> bool:
+        """Whether one prefill pass may hold several compression chunks of a request (processed in
+        order inside each layer, extend_waves). Not for a scorer that scores after the model's
+        forward (KVzip: a chunk's scores would come too late for the next chunk's attention), nor
+        for window layers (a later chunk's draw releases window pages an earlier one still reads)."""
+        return not self.context.scorer.needs_reconstruction and not self.cache.window_rows.size
 
     def bind_row(self, rid: str, row: int) -> None:
         state = self.requests.get(rid)
@@ -146,36 +162,80 @@ class TangramServing:
 
     # -- forward metadata (attention backend) ---------------------------------------------------
     def extend_metadata(self, rids, ext_lens) -> "ForwardPlan":
-        """Draw the pages of each request's next chunk; tables are those BEFORE the chunk."""
+        """The plan of an extend holding one compression chunk per request (extend_waves' one wave)."""
+        waves = self.extend_waves(rids, ext_lens)
+        if len(waves) != 1 or waves[0].tokens is not None:
+            raise PoolError(f"extend of {list(ext_lens)} tokens is not one planned chunk per request")
+        return waves[0].plan
+
+    def extend_waves(self, rids, ext_lens) -> list["ExtendWave"]:
+        """Draw the pages of every compression chunk of the batch's extends; one ExtendWave per
+        chunk index: wave w holds the w-th chunk of each request that has one, and its tables are
+        those after the waves before it (the attention backend runs the waves in order inside each
+        layer, so a chunk reads the compressed KV of the request's earlier chunks exactly as if
+        each had been its own pass). ext_lens[b] must be a run of request b's planned chunks."""
         for rid in rids:
             st = self.requests[rid]
             if st.copy_src is not None:
                 self.data.copy_pages(st.copy_src, st.copy_dst)
                 st.copy_src = st.copy_dst = None
+        pieces = [self._pass_chunks(rid, int(n)) for rid, n in zip(rids, ext_lens)]
         host = [self.cache.requests[rid].pages for rid in rids]
-        before = np.stack([p.lens for p in host]).astype(np.int32)                              # [B, V]
         npages_before, dead_before = np.stack([p.npages for p in host]), np.stack([p.dead for p in host])
-        protect = [self.requests[rid].protect[len(self.cache.requests[rid].chunk_ends)] for rid in rids]
-        writes = [self.cache.prefill_chunk(rid, int(n)) for rid, n in zip(rids, ext_lens)]
-        keep = np.stack([w.counts for w in writes])                     # [B, L, G]
-        dev = self.data.k_pages.device
-        # The tables after the chunk's pages were drawn, read only up to the slots cached before it.
-        rows, host = self._rows(rids), [self.cache.requests[rid].pages for rid in rids]
+        drawn = []   # per wave: (members, lens before [b, V], protect, writes)
+        for w in range(max(len(p) for p in pieces)):
+            members = [i for i, p in enumerate(pieces) if len(p) > w]
+            before = np.stack([host[i].lens for i in members]).astype(np.int32)
+            protect = [self.requests[rids[i]].protect[len(self.cache.requests[rids[i]].chunk_ends)] for i in members]
+            writes = [self.cache.prefill_chunk(rids[i], pieces[i][w]) for i in members]
+            drawn.append((members, before, protect, writes))
+        self.counters.prefill_passes += 1
+        self.counters.prefill_chunks += sum(len(p) for p in pieces)
+        rows = self._rows(rids)
         self.tables.extend(rows, rids, host, npages_before, dead_before)
         self.decode_rows.changed()
-        width = max(int(p.npages.max(initial=0)) for p in host)
+        self._note_peak()
+        width = max(max(int(p.npages.max(initial=0)) for p in host), 1)
+        starts = np.concatenate([[0], np.cumsum(np.asarray(ext_lens, np.int64))])
+        waves = []
+        for w, (members, before, protect, writes) in enumerate(drawn):
+            sizes = [pieces[i][w] for i in members]
+            whole = len(drawn) == 1
+            offs = [int(starts[i]) + sum(pieces[i][:w]) for i in members]
+            tokens = None if whole else torch.from_numpy(np.concatenate(
+                [np.arange(o, o + n) for o, n in zip(offs, sizes)])).to(self.data.k_pages.device)
+            plan = self._wave_plan([rids[i] for i in members], [rows[i] for i in members], width, before,
+                                   protect, writes, sizes)
+            waves.append(ExtendWave(plan=plan, sizes=sizes, tokens=tokens))
+        for rid in rids:  # the last chunk: its states live only as long as this forward's plan
+            if self.cache.requests[rid].prefill_done:
+                self.requests[rid].scorer_states = []
+        return waves
+
+    def _pass_chunks(self, rid: str, num_tokens: int) -> list[int]:
+        """The planned chunks an extend of num_tokens covers (a run of the request's next chunks)."""
+        req = self.cache.requests[rid]
+        planned = req.plan.chunk_tokens[len(req.chunk_ends):]
+        ends = np.cumsum(planned)
+        k = int(np.searchsorted(ends, num_tokens)) + 1
+        if k > len(planned) or ends[k - 1] != num_tokens or (k > 1 and not self.multi_chunk):
+            raise PoolError(f"request {rid!r}: an extend of {num_tokens} tokens is not a run of its planned "
+                            f"chunks {planned[:4]}{'...' if len(planned) > 4 else ''}"
+                            + ("" if self.multi_chunk else " (one chunk per pass with this profile)"))
+        return list(planned[:k])
+
+    def _wave_plan(self, rids, rows, width: int, before: np.ndarray, protect, writes, sizes) -> "ForwardPlan":
+        """One wave's ForwardPlan: tables gathered for its rows, read up to ``before`` [b, V]."""
+        keep = np.stack([w.counts for w in writes])                     # [b, L, G]
+        dev = self.data.k_pages.device
         before_t = torch.from_numpy(before).to(dev)
-        table, lens = self.tables.view(rows, max(width, 1), before_t)
+        table, lens = self.tables.view(rows, width, before_t)
         if dev.type == "cpu":   # the host's own arrays: no device round trip to save
             out = [torch.from_numpy(x) for x in chunk_slots_reference(writes)]
         else:
             out = self.tables.chunk_slots(torch.as_tensor(rows, dtype=torch.int64).to(dev), before_t, keep)
-        self._note_peak()
-        chunks = [ChunkPlan.build(ext_lens, keep[:, layer], dev) for layer in range(self.spec.num_layers)]
+        chunks = [ChunkPlan.build(sizes, keep[:, layer], dev) for layer in range(self.spec.num_layers)]
         states = [[self.requests[r].scorer_states[l] for r in rids] for l in range(self.spec.num_layers)]
-        for rid in rids:  # the last chunk: its states live only as long as this forward's plan
-            if self.cache.requests[rid].prefill_done:
-                self.requests[rid].scorer_states = []
         return ForwardPlan(block_table=table, seq_lens=lens, out_loc=out, keep=torch.from_numpy(keep).to(dev),
                            protect=protect, states=states, chunks=chunks)
 
@@ -215,6 +275,17 @@ class TangramServing:
     def _note_peak(self) -> None:
         used = self.spec.num_pages - self.cache.pool.num_free
         self.counters.peak_pages_used = max(self.counters.peak_pages_used, used)
+
+
+@dataclass
+class ExtendWave:
+    """One wave of an extend batch: plan (ForwardPlan over the wave's requests, one chunk each),
+    sizes [b] its chunks' tokens, tokens int64 [sum(sizes)] the wave's rows in the batch's token
+    order (None: the wave is the whole batch, as when every request brings one chunk)."""
+
+    plan: "ForwardPlan"
+    sizes: list
+    tokens: torch.Tensor | None = None
 
 
 @dataclass

@@ -131,11 +131,13 @@ class TangramAttnBackend(AttentionBackend):
             self.scoring.prepare(self.runner.model, int(self.runner.model_config.context_len))
             ext = forward_batch.extend_seq_lens_cpu
             ext = ext.tolist() if hasattr(ext, "tolist") else list(ext)
-            self.plan = self.serving.extend_metadata(rids, ext)
-            self.cu_seqlens = torch.zeros(len(ext) + 1, dtype=torch.int64, device=self.device)
-            self.cu_seqlens[1:] = torch.cumsum(torch.tensor(ext, dtype=torch.int64), 0).to(self.device)
-            writer = ChunkWriter(self.plan, self.cu_seqlens, self.serving.data, self.context.metas)
-            self.scoring.begin(forward_batch, writer)
+            self.plan = self.serving.extend_waves(rids, ext)
+            writers = []
+            for wave in self.plan:
+                cu = torch.zeros(len(wave.sizes) + 1, dtype=torch.int64)
+                cu[1:] = torch.cumsum(torch.tensor(wave.sizes, dtype=torch.int64), 0)
+                writers.append(ChunkWriter(wave.plan, cu.to(self.device), self.serving.data, self.context.metas))
+            self.scoring.begin(forward_batch, writers, [wave.tokens for wave in self.plan])
         else:
             raise NotImplementedError(f"tangram backend: forward mode {mode} is not supported")
 
@@ -144,9 +146,7 @@ class TangramAttnBackend(AttentionBackend):
         return data.k_pages, data.v_pages
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        lid, plan = layer.layer_id, self.plan
-        meta = self.context.metas[lid]
-        k_pages, v_pages = self._pages()
+        lid = layer.layer_id
         q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         k3 = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
         v3 = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
@@ -154,19 +154,41 @@ class TangramAttnBackend(AttentionBackend):
         if o is not None:  # the scorer's own pass (KVzip's reconstruction): nothing is stored
             return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
         sinks = kwargs.get("sinks")
+        if len(self.plan) == 1 and self.plan[0].tokens is None:   # one chunk per request: no gather
+            o = self._extend_wave(self.plan[0].plan, self.scoring.writers[0].cu_seqlens, q3, k3, v3, layer, sinks)
+            if save_kv_cache:
+                self.scoring.chunk(lid, q3, k3, v3)
+            return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+        # Several chunks of a request in this pass: wave w (every request's w-th chunk) attends to
+        # what the waves before it wrote, then is compressed and written itself, so each chunk sees
+        # exactly what it would have seen in a pass of its own.
+        o = q3.new_empty(q3.shape[0], layer.tp_q_head_num, layer.v_head_dim)
+        for w, wave in enumerate(self.plan):
+            idx = wave.tokens
+            qw, kw, vw = q3.index_select(0, idx), k3.index_select(0, idx), v3.index_select(0, idx)
+            o.index_copy_(0, idx, self._extend_wave(wave.plan, self.scoring.writers[w].cu_seqlens, qw, kw, vw,
+                                                    layer, sinks).to(o.dtype))
+            if save_kv_cache:
+                self.scoring.chunk(lid, qw, kw, vw, wave=w)
+        return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+    def _extend_wave(self, plan, cu_seqlens, q3, k3, v3, layer, sinks):
+        """Attention of one wave's chunks over their cached history and themselves (causal):
+        [T_w, Hq, dv]."""
+        lid = layer.layer_id
+        meta = self.context.metas[lid]
+        k_pages, v_pages = self._pages()
         if self.kernels:
-            o = self._prefill_triton(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
+            o = self._prefill_triton(q3, k3, v3, cu_seqlens, k_pages, v_pages, plan.block_table[lid],
                                      plan.seq_lens[lid], meta, layer.scaling, split=self.context.split_rows[lid],
                                      return_lse=sinks is not None)
         else:
-            o = ragged_prefill_chunk_torch(q3, k3, v3, self.cu_seqlens, k_pages, v_pages, plan.block_table[lid],
+            o = ragged_prefill_chunk_torch(q3, k3, v3, cu_seqlens, k_pages, v_pages, plan.block_table[lid],
                                            plan.seq_lens[lid], meta, layer.scaling, fused=True,
                                            return_lse=sinks is not None)
         if sinks is not None:
             o = add_sinks(*o, sinks)
-        if save_kv_cache:
-            self.scoring.chunk(lid, q3, k3, v3)
-        return o.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+        return o
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         lid, plan = layer.layer_id, self.plan

@@ -2,15 +2,17 @@
 
 SGLang decides which waiting requests join a prefill batch and how much of a
 long prompt goes into this pass (the chunked request always comes first with a
-full ``chunked_prefill_size``, later ones share what is left). Tangram's
-compression chunks follow those extends: a request's schedule is fixed at
-admission as [first extend, C, C, ..., rest] with C = chunked_prefill_size =
-the profile's chunk, and the ragged pool reserves exactly its pages (prefix
-shared, every chunk compressed, plus SGLang's estimated decode room). The
-first extend is never cut short to fill a pass: a request whose first chunk
-does not fit what is left of the pass waits for the next one, so the chunks
-of a prompt (and the KV kept for it) depend only on the prompt and its cached
-prefix, never on what SGLang batched with it. When
+full ``chunked_prefill_size``, later ones share what is left). A request's
+compression chunks are fixed at admission as [C, C, ..., rest] with C the
+profile's chunk, and the ragged pool reserves exactly its pages (prefix
+shared, every chunk compressed, plus SGLang's estimated decode room). Each
+extend is held to a whole run of those chunks, as many as fit what SGLang gave
+the request in this pass (one, with a profile whose passes hold one chunk per
+request: TangramServing.multi_chunk), and the first chunk is never cut short
+to fill a pass: a request whose first chunk does not fit what is left of the
+pass waits for the next one. So the chunks of a prompt (and the KV kept for
+it) depend only on the prompt and its cached prefix, never on what SGLang
+batched with it. When
 the pages are not there even after evicting unlocked tree leaves, the
 request waits (NO_TOKEN), exactly like SGLang's token budget.
 """
@@ -81,13 +83,20 @@ class TangramPrefillAdder(PrefillAdder):
         if not _added(self, req):
             serving.release(req.rid)
             return res
-        if _hold_to_plan(req, first):
+        if _hold_to_plan(req, serving.planned_extend(req.rid, req.extend_end - req.prefix_len)):
             # Chunked or not is decided by the plan too.
             if req.extend_end < len(req.full_untruncated_fill_ids):
-                self.new_chunked_req = req
+                self._end_pass_with(req)
             elif self.new_chunked_req is req:
                 self.new_chunked_req = None
         return res
+
+    def _end_pass_with(self, req) -> None:
+        """req leaves this pass unfinished: it is the pass's one chunked request (SGLang continues one
+        per pass) and, as after SGLang's own truncation, nothing joins the pass after it."""
+        self.new_chunked_req = req
+        if self.rem_chunk_tokens is not None:
+            self.rem_chunk_tokens = 0
 
     def _reserve(self, serving, req, first: int, total: int) -> bool:
         """serving.admit for req's schedule, its matched prefix locked against eviction for room."""
@@ -103,13 +112,18 @@ class TangramPrefillAdder(PrefillAdder):
 
     def add_chunked_req(self, req):
         out = super().add_chunked_req(req)
-        if _added(self, req) and _hold_to_plan(req, serving_of(self.tree_cache).planned_extend(req.rid)):
-            return req if req.extend_end < len(req.full_untruncated_fill_ids) else None
+        serving = serving_of(self.tree_cache)
+        if _added(self, req) and _hold_to_plan(req, serving.planned_extend(req.rid, req.extend_end - req.prefix_len)):
+            if req.extend_end < len(req.full_untruncated_fill_ids):
+                if self.rem_chunk_tokens is not None:
+                    self.rem_chunk_tokens = 0   # it stays the chunked request: no other may start this pass
+                return req
+            return None
         return out
 
 
 def _hold_to_plan(req, planned: int | None) -> bool:
-    """Make SGLang's extend of req the planned compression chunk; True if it had sized it otherwise
+    """Make SGLang's extend of req the planned run of compression chunks; True if it had sized it otherwise
     (page or alignment rounding, its token budget). The pages reserved are the plan's, and the
     kept set must depend only on the prompt and its cached prefix, never on how a pass was sized."""
     if planned is None or req.extend_end - req.prefix_len == planned:

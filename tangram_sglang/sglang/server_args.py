@@ -82,7 +82,7 @@ def _log_chosen(chosen: list[str]) -> None:
 def serving_overrides(profile: TangramProfile | None, data_plane: str | None = "auto",
                       device: str | None = None) -> dict:
     """ServerArgs fields a served profile needs: the Tangram backend and tree, logical page 1,
-    chunked prefill in the profile's compression chunks, no prefill CUDA graphs (compression
+    no prefill CUDA graphs (compression
     plans on the host per chunk), and decode CUDA graphs only where they can run: on CUDA with
     the Triton data plane (decode_graphs_possible). Overlap scheduling stays as SGLang sets it: a
     request that finished in step t runs once more in step t+1 (its KV slot reserved by the
@@ -90,10 +90,8 @@ def serving_overrides(profile: TangramProfile | None, data_plane: str | None = "
     they see without it."""
     if profile is None:
         return {}
-    from tangram_sglang.serving.context import chunk_size_of
-
     out = {"attention_backend": "tangram", "radix_cache_backend": "tangram", "page_size": 1,
-           "chunked_prefill_size": chunk_size_of(profile), "disable_prefill_cuda_graph": True,
+           "disable_prefill_cuda_graph": True,
            "disable_hybrid_swa_memory": True}   # gpt-oss: its window layers live in the ragged pool
     if not decode_graphs_possible(data_plane, device):
         out["disable_cuda_graph"] = True
@@ -117,8 +115,31 @@ REPLACED_WITH_A_WORD = {
     "attention_backend": "a profile is served by the tangram backend",
     "radix_cache_backend": "a profile's history lives in the segment radix tree",
     "page_size": "SGLang's logical page is one token; the ragged pool has the profile's own pages",
-    "chunked_prefill_size": "the profile's compression chunk: a prompt is compressed chunk by chunk",
 }
+
+# SGLang's smallest default --chunked-prefill-size (devices under 20 GB; 4096 on this CPU, 8192 on an H200)
+SGLANG_MIN_DEFAULT_PASS = 2048
+
+
+def prefill_pass_size(target: dict, profile: TangramProfile | None) -> None:
+    """--chunked-prefill-size with a profile: the tokens of one prefill pass, SGLang's as given or as
+    it defaults them, holding several of the profile's compression chunks of several requests (each
+    extend is held to whole chunks, sglang/scheduling.py). A pass must hold one whole chunk: a smaller
+    value (or chunked prefill turned off, -1: a prompt is compressed chunk by chunk) becomes the chunk,
+    with a warning naming both."""
+    if profile is None:
+        return
+    from tangram_sglang.serving.context import chunk_size_of
+
+    chunk, value = chunk_size_of(profile), target.get("chunked_prefill_size")
+    if value is None:
+        if chunk > SGLANG_MIN_DEFAULT_PASS:
+            target["chunked_prefill_size"] = chunk
+        return
+    if value < chunk:
+        logger.warning("Tangram: --chunked-prefill-size %s replaced by %s (a prefill pass must hold one whole "
+                       "compression chunk of the profile; a prompt is compressed chunk by chunk)", value, chunk)
+        target["chunked_prefill_size"] = chunk
 
 
 def _apply_overrides(target: dict, overrides: dict) -> None:
@@ -183,6 +204,7 @@ def from_cli_args(original, cls, args: argparse.Namespace):
         path, profile = read_profile(getattr(args, "tangram_profile", None))
         data_plane = getattr(args, "tangram_data_plane", "auto")
         _apply_overrides(vars(args), serving_overrides(profile, data_plane, getattr(args, "device", None)))
+        prefill_pass_size(vars(args), profile)
         chosen = _cli_defaults(args, profile)
         server_args = original(cls, args)
         attach_profile(server_args, path, profile, getattr(args, "tangram_ratio", None), data_plane)
@@ -222,6 +244,7 @@ def engine_server_args_factory(server_args_cls):
         ratio = kwargs.pop("tangram_ratio", None)
         data_plane = kwargs.pop("tangram_data_plane", "auto")
         _apply_overrides(kwargs, serving_overrides(profile, data_plane, kwargs.get("device")))
+        prefill_pass_size(kwargs, profile)
         chosen = profile_defaults(kwargs, profile)
         server_args = server_args_cls(**kwargs)
         attach_profile(server_args, path, profile, ratio, data_plane)

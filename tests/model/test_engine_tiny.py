@@ -162,6 +162,26 @@ def test_decode_rounds_between_prefill_chunks_serve_the_oracle_tokens(tiny_llama
     assert outs == oracle_tokens(path, profile, prompts)
 
 
+def test_several_chunks_per_prefill_pass_serve_the_oracle_tokens(tiny_llama, tmp_path):
+    """A prefill pass of SGLang's default size holds several 48-token compression chunks of several
+    requests (waves run in order inside each layer): the oracle's tokens, as with one chunk per pass
+    (--chunked-prefill-size 48), in fewer passes for the same chunks. Expected Attention carries its
+    statistics across a request's chunks, so a wave reading a stale state would change them."""
+    import torch
+
+    path, _, _ = tiny_llama
+    profile = _scorer_profile(tmp_path, path, "expected_attention")
+    g = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (230, 20, 150, 97)]
+    many, info_many = run_engine(path, prompts, tangram_profile=profile)
+    one, info_one = run_engine(path, prompts, tangram_profile=profile, chunked_prefill_size=48)
+    pm, po = info_many["pool_info"], info_one["pool_info"]
+    assert pm["integrity"] == "ok" and po["integrity"] == "ok" and pm["saved_vs_full_kv"] > 0
+    assert pm["prefill_chunks"] == po["prefill_chunks"] == 5 + 1 + 4 + 3
+    assert pm["prefill_passes"] < pm["prefill_chunks"] and po["prefill_passes"] >= 5
+    assert many == one == oracle_tokens(path, profile, prompts)
+
+
 def _two_turns(path, profile, prompts, sessions: bool):
     """Two turns of each prompt (the second continues the first) on one Engine, with session ids and
     the session radix cache or without; closes the first session. Returns (first, second results, info)."""

@@ -202,18 +202,27 @@ def test_a_multimodal_model_is_refused_by_default(tmp_path):
 
 
 def test_replaced_page_and_chunk_sizes_are_logged(tiny_llama, profile, monkeypatch):
-    """A profile sets SGLang's logical page (1) and the chunked prefill (its compression chunk): a user's
-    other value is replaced with a warning naming both, never silently."""
+    """A profile sets SGLang's logical page (1): a user's other page size is replaced with a warning naming
+    both, never silently. --chunked-prefill-size is the prefill pass, kept as given (or SGLang's default)
+    when it holds a whole compression chunk, else raised to the chunk with a warning."""
+    from tangram_sglang.profile import load_profile
+    from tangram_sglang.serving.context import chunk_size_of
     from tangram_sglang.sglang import server_args
 
+    chunk = chunk_size_of(load_profile(profile))
     said = []
     monkeypatch.setattr(server_args.logger, "warning", lambda msg, *a: said.append(msg % a))
     args = prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile, "--page-size", "16",
                                 "--chunked-prefill-size", "4096"])
-    assert args.page_size == 1 and args.chunked_prefill_size != 4096
-    text = "\n".join(said)
-    assert "--page-size 16 replaced by 1" in text
-    assert f"--chunked-prefill-size 4096 replaced by {args.chunked_prefill_size}" in text
+    assert args.page_size == 1 and args.chunked_prefill_size == 4096
+    assert "--page-size 16 replaced by 1" in "\n".join(said) and "chunked-prefill-size" not in "\n".join(said)
+    said.clear()
+    args = prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile,
+                                "--chunked-prefill-size", str(chunk - 1)])
+    assert args.chunked_prefill_size == chunk
+    assert f"--chunked-prefill-size {chunk - 1} replaced by {chunk}" in "\n".join(said)
+    stock = prepare_server_args(["--model-path", tiny_llama[0]]).chunked_prefill_size
+    assert prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile]).chunked_prefill_size == stock
 
 
 def test_refusal_fires_through_sglangs_launcher_and_engine(tiny_llama, profile):

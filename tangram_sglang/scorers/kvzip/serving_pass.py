@@ -114,8 +114,10 @@ class KVzipPass(ScoringPass):
 
         model.forward = forward
 
-    def begin(self, forward_batch, writer) -> None:
-        super().begin(forward_batch, writer)
+    def begin(self, forward_batch, writers, tokens) -> None:
+        if len(writers) != 1:   # TangramServing.multi_chunk is off for this scorer
+            raise RuntimeError(f"tangram kvzip: a pass holds one chunk per request, got {len(writers)} waves")
+        super().begin(forward_batch, writers, tokens)
         self.recon.reset()
 
     def attention(self, layer, q3, k3, v3):
@@ -130,7 +132,7 @@ class KVzipPass(ScoringPass):
         self.recon.scores[lid] = scores
         return o
 
-    def chunk(self, layer_id, q3, k3, v3) -> None:
+    def chunk(self, layer_id, q3, k3, v3, wave: int = 0) -> None:
         self.recon.hold(layer_id, q3, k3, v3)  # compressed once the reconstruction pass has scored it
 
     def _reconstruct_and_write(self, model, forward_batch) -> None:
