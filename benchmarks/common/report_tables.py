@@ -651,7 +651,7 @@ def gemma_throughput_row() -> list:
 THINK_TIME = "serving/think_time.json"  # benchmarks.serving.think_time
 THINK_COUNTERS = ("matched_tokens", "evicted_tokens_admission", "evicted_tokens_decode", "evicted_tokens_flush",
                   "evicted_tokens_sglang", "evictions_refused", "published_segments", "twin_segments",
-                  "detached_segments", "waited", "retracted")
+                  "detached_segments", "waited", "retracted", "prefill_passes", "prefill_chunks")
 
 
 def median(xs) -> float:
