@@ -807,6 +807,7 @@ def key_results() -> list[str]:
                  f"{r['integrity_after_flush']}, {r['pages_used_after_flush']} pages left after flush", "-",
                  link("serving/soak.json")])
     rows.append(fuzz_row())
+    rows.append(prefill_history_row("prefill_history_smollm2"))
     d = load("timing/prefill_cost.json")
     gate = next(x for x, q in zip(d["rows"], per_run_ratios(d["rows"], "times_s")) if "fastkvzip" in
                 str(x["profile"]))
@@ -966,6 +967,27 @@ def prefill_history_headline(name: str) -> str:
     names = sorted({r["server"] for r in rows}, key=lambda n: -float(n.split("@")[-1]) if "@" in n else 0)
     return "time per new token over stock's with a cached history: " + "; ".join(
         f"{n} {spread([r['vs_stock'][0] for r in rows if r['server'] == n])}" for n in names)
+
+
+def prefill_history_row(name: str) -> list[str]:
+    """README row: ms per new token over stock's with nothing decoding beside, per history, for the profile
+    and its 1.0 control (medians of the paired ratios)."""
+    d = load(f"timing/{name}.json")
+    rows = [r for r in d["summary"] if r["decoding"] == 0 and r["server"] != "stock"]
+    hist = sorted({r["history"] for r in rows})
+    servers = sorted({r["server"] for r in rows}, key=lambda n: float(n.split("@")[-1]))
+    at = {(r["server"], r["history"]): r["vs_stock"][0] for r in rows}
+
+    def cell(server):
+        return " / ".join(times(at[(server, h)]) for h in hist if h > 0) + f" ({times(at[(server, 0)])} with none)"
+    a = d["args"]
+    tangram, control = servers[0], servers[-1]
+    model = SHIPPED.get(a["model"], {}).get("name", a["model"])
+    return [f"Prefill over a cached history, {model}, {scorer_name(pathlib.Path(a['profile']).stem)} "
+            f"{a['ratio']:g}, {a['new_tokens']:,} new tokens after " + " / ".join(f"{h:,}" for h in hist if h > 0)
+            + f" tokens of history ({a['repeats']} alternating runs)",
+            f"**{cell(tangram)}** stock's time per new token",
+            f"stock 1.00x; ratio-1.0 control {cell(control)}", link(f"timing/{name}.json")]
 
 
 def soak_headline() -> str:
