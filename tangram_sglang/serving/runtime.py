@@ -164,7 +164,7 @@ class TangramServing:
     def extend_metadata(self, rids, ext_lens) -> "ForwardPlan":
         """The plan of an extend holding one compression chunk per request (extend_waves' one wave)."""
         waves = self.extend_waves(rids, ext_lens)
-        if len(waves) != 1 or waves[0].tokens is not None:
+        if len(waves) != 1:
             raise PoolError(f"extend of {list(ext_lens)} tokens is not one planned chunk per request")
         return waves[0].plan
 
@@ -200,9 +200,8 @@ class TangramServing:
         waves = []
         for w, (members, before, protect, writes) in enumerate(drawn):
             sizes = [pieces[i][w] for i in members]
-            whole = len(drawn) == 1
             offs = [int(starts[i]) + sum(pieces[i][:w]) for i in members]
-            tokens = None if whole else torch.from_numpy(np.concatenate(
+            tokens = None if len(drawn) == 1 else torch.from_numpy(np.concatenate(
                 [np.arange(o, o + n) for o, n in zip(offs, sizes)])).to(self.data.k_pages.device)
             plan = self._wave_plan([rids[i] for i in members], [rows[i] for i in members], width, before,
                                    protect, writes, sizes)

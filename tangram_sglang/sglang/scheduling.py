@@ -95,6 +95,9 @@ class TangramPrefillAdder(PrefillAdder):
         """req leaves this pass unfinished: it is the pass's one chunked request (SGLang continues one
         per pass) and, as after SGLang's own truncation, nothing joins the pass after it."""
         self.new_chunked_req = req
+        self._close_pass()
+
+    def _close_pass(self) -> None:
         if self.rem_chunk_tokens is not None:
             self.rem_chunk_tokens = 0
 
@@ -115,8 +118,7 @@ class TangramPrefillAdder(PrefillAdder):
         serving = serving_of(self.tree_cache)
         if _added(self, req) and _hold_to_plan(req, serving.planned_extend(req.rid, req.extend_end - req.prefix_len)):
             if req.extend_end < len(req.full_untruncated_fill_ids):
-                if self.rem_chunk_tokens is not None:
-                    self.rem_chunk_tokens = 0   # it stays the chunked request: no other may start this pass
+                self._close_pass()   # it stays the chunked request: no other may start this pass
                 return req
             return None
         return out
