@@ -22,7 +22,9 @@ def merge_two(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torc
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     w1, w2 = torch.exp(lse1 - m_safe), torch.exp(lse2 - m_safe)
     total = w1 + w2
-    o = (o1 * w1[..., None] + o2 * w2[..., None]) / torch.clamp(total, min=1e-30)[..., None]
+    o = o1 * w1[..., None]   # (o1 w1 + o2 w2) / total, the same operations in place
+    o += o2 * w2[..., None]
+    o /= torch.clamp(total, min=1e-30)[..., None]
     return o, m_safe + torch.log(total)
 
 

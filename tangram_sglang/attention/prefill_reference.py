@@ -25,11 +25,12 @@ from tangram_sglang.attention.pieces import tile_pieces, window_start
 from tangram_sglang.attention.reference import attend_cached
 
 # Slots per piece of the cached part. A chunk brings hundreds of query rows, so each piece's partial
-# output is large and merging them costs more than padding groups of unequal length to long pieces:
-# at 512 queries (SmolLM2's heads, one thread) over 2,048 / 6,000 cached slots, 128-slot tiles took
-# 71 / 186 ms, 1,024-slot tiles 34 / 85 (ragged groups 400-2,048 slots: 33 / 25 ms). Decode keeps
-# small tiles (sglang/backend.py CPU_TILE): one query row per request, nothing to gain there.
-DEFAULT_TILE = 1024
+# output is large and merging pieces costs more than longer gathers; the fused path batches pieces of
+# similar length (fused_cpu.attend_pieces_fused), so long pieces no longer pad short groups. At 512
+# queries (SmolLM2's heads, one thread) over groups of 2,400 / 1,200 / 6,000 slots: 1,024-slot tiles
+# 39.8 ms, 8,192 36.4; over 800 / 300 / 2,000: 18.5 and 16.6 ms. Decode keeps small tiles
+# (sglang/backend.py CPU_TILE): one query row per request, nothing to gain there.
+DEFAULT_TILE = 8192
 
 
 def pad_index(cu_seqlens: torch.Tensor):
@@ -116,13 +117,16 @@ def ragged_prefill_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     o : [T, Hq, d] in q's dtype (and lse float32 [T, Hq] if return_lse).
     """
     batch = cu_seqlens.numel() - 1
-    req, pos, n = pad_index(cu_seqlens)
-    if n == 0:
+    if q.shape[0] == 0:
         empty = torch.empty_like(q)
         return (empty, q.new_empty(q.shape[:-1], dtype=torch.float32)) if return_lse else empty
-    q_pad = _pad(q, req, pos, batch, n)
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    k_pad, v_pad = _pad(k, req, pos, batch, n), _pad(v, req, pos, batch, n)
+    if batch == 1:   # one chunk: it is its own padded batch (no copies in, none out)
+        req = pos = None
+        q_pad, k_pad, v_pad = q[None], k[None], v[None]
+    else:
+        req, pos, n = pad_index(cu_seqlens)
+        q_pad, k_pad, v_pad = _pad(q, req, pos, batch, n), _pad(k, req, pos, batch, n), _pad(v, req, pos, batch, n)
     if meta.window:  # the reference's masks (the fused kernel has no window)
         o_self, lse_self = chunk_self_attention(q_pad, k_pad, v_pad, lens, sm_scale, meta.window)
         o_old, lse_old = _attend_cached_window(q_pad, k_pages, v_pages, block_table, seq_lens, meta, sm_scale,
@@ -132,8 +136,12 @@ def ragged_prefill_chunk_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         o_self, lse_self = (chunk_self_attention_fused if fused else chunk_self_attention)(q_pad, k_pad, v_pad,
                                                                                             lens, sm_scale)
         pieces = tile_pieces(seq_lens, tile)
-        o_old, lse_old = attend_cached(q_pad, k_pages, v_pages, block_table, seq_lens, meta, pieces, sm_scale,
-                                       fused)
-    o, lse = merge_two(o_old, lse_old, o_self, lse_self)
-    o = o[req, pos].to(q.dtype)
-    return (o, lse[req, pos]) if return_lse else o
+        if pieces.item.numel() == 0:   # nothing cached: the merge would give the chunk's own part
+            o_old = None
+        else:
+            o_old, lse_old = attend_cached(q_pad, k_pages, v_pages, block_table, seq_lens, meta, pieces,
+                                           sm_scale, fused)
+    o, lse = (o_self, lse_self) if o_old is None else merge_two(o_old, lse_old, o_self, lse_self)
+    o, lse = (o[0], lse[0]) if req is None else (o[req, pos], lse[req, pos])
+    o = o.to(q.dtype)
+    return (o, lse) if return_lse else o

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tangram_sglang.attention.fused_cpu import attend_block_fused
+from tangram_sglang.attention.fused_cpu import GATHER_BYTES, attend_pieces_fused
 from tangram_sglang.attention.kv_quant import dequantize
 from tangram_sglang.attention.layer_meta import LayerMeta
 from tangram_sglang.attention.merge import merge_by_item
@@ -50,13 +50,15 @@ def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
     Returns (o float32 [NP, H_p, Mg, d], lse float32 [NP, H_p, Mg]).
     Slot indices, queries and outputs are built once for all pieces; each batch
     gathers its K and V into two buffers reused by every batch (see GATHER_BYTES).
-    fused: each batch on ATen's fused CPU kernel (fused_cpu.attend_block_fused) instead of
-    the two matmuls below (CPU tensors only). rows: see ragged_decode_torch.
+    fused: on ATen's fused CPU kernel (fused_cpu.attend_pieces_fused) instead of the two
+    matmuls below (CPU tensors only; min_key None). rows: see ragged_decode_torch.
     scales: (k_scale, v_scale) of quantized pages (kv_quant.py); gathered K/V are dequantized.
     min_key: None, or int64 [B * G, M]: query m of item i reads slots >= min_key[i, m] only (a
     sliding-window layer's chunk prefill; matmul path; a row with no slot in a piece gets o = 0,
     lse = -inf).
     """
+    if fused and min_key is None:
+        return attend_pieces_fused(qg, k_pages, v_pages, block_table, pieces, sm_scale, rows, scales)
     _, page_size, hp, d = k_pages.shape
     loc, valid = piece_slots(pieces, block_table, page_size, rows)
     num_p, width = loc.shape
@@ -78,10 +80,6 @@ def attend_pieces(qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
         if min_key is not None:
             v = dequantize(torch.index_select(vf, 0, flat, out=v_buf[:n]).view(j - i, width, hp, d), scales[1])
             o[i:j], lse[i:j] = _attend_masked(q[i:j], k, v, invalid[i:j])
-            continue
-        if fused:
-            v = dequantize(torch.index_select(vf, 0, flat, out=v_buf[:n]).view(j - i, width, hp, d), scales[1])
-            o[i:j], lse[i:j] = attend_block_fused(q[i:j], k, v, invalid[i:j])
             continue
         s = torch.matmul(q[i:j], k.permute(0, 2, 3, 1))  # [n, H_p, Mg, W]
         s.masked_fill_(invalid[i:j, None, None, :], float("-inf"))
@@ -106,14 +104,6 @@ def _attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocked: t
     return o, torch.log(denom).add_(m.squeeze(-1))
 
 
-# Gathered K (or V) of one batch of pieces stays below this. The two gather
-# buffers are allocated once per call and reused by every batch: gathering
-# 4 MiB batches into fresh tensors made malloc return and re-map the memory,
-# ~180k page faults per 30-layer step (40% of the time at 8x2048). With reuse,
-# 1-4 MiB all run within 10% of each other on one core (2 MiB L2).
-GATHER_BYTES = 2 << 20
-
-
 def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                   block_table: torch.Tensor, seq_lens: torch.Tensor, meta: LayerMeta,
                   pieces: Pieces, sm_scale: float, fused: bool = False, rows: torch.Tensor | None = None,
@@ -133,8 +123,15 @@ def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
     else:
         o, lse = attend_pieces(qg, k_pages, v_pages, block_table, pieces, sm_scale, fused, rows,
                                (meta.k_scale, meta.v_scale), min_key)
-        o, lse = merge_by_item(o, lse, pieces.item, pieces.num_items)
+        if not _one_piece_per_item(pieces):   # else the merge is the identity, bit for bit
+            o, lse = merge_by_item(o, lse, pieces.item, pieces.num_items)
     return ungroup_rows(o, meta, batch, num_q), ungroup_rows(lse, meta, batch, num_q)
+
+
+def _one_piece_per_item(pieces: Pieces) -> bool:
+    """Every item has exactly one piece, in item order (a piece's lse is finite: it has a slot)."""
+    n = pieces.num_items
+    return pieces.item.numel() == n and bool((pieces.item == torch.arange(n, device=pieces.item.device)).all())
 
 
 def decode_pieces(seq_lens: torch.Tensor, split: SplitRow, tile: int | None, window: int = 0,
