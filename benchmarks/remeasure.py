@@ -156,11 +156,11 @@ FIGURES: tuple[Figure, ...] = (
                  "--ratios 0.5 --sessions 6 --turns 3 --prompt-tokens 1300 --new-tokens 200 --max-new-tokens 32 "
                  "--max-total-tokens 6144 --repeats 3 --stock-variants fcfs refresh"),
     # sessions that pause between turns (issue 60): more open sessions than the pool holds, the profile under its
-    # default policy (lpm) and SGLang's fcfs against stock lpm (its best here) and the ratio-1.0 control
+    # default policy (lpm) against stock lpm (its best here) and the ratio-1.0 control: docs/results.md's command
     Figure("think_time", "serving", "benchmarks.serving.think_time",
            ("--sessions", "12", "--turns", "4", "--doc-tokens", "800", "--arrival-window", "30", "--think-mean", "8",
-            "--max-total-tokens", "8192", "--ratio", "0.4", "--servers", "tangram", "tangram-fcfs", "stock-lpm",
-            "tangram-1.0"),
+            "--max-total-tokens", "8192", "--ratio", "0.4", "--servers", "tangram", "stock-lpm", "tangram-1.0",
+            "--repeats", "3"),
            ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think-mean", "1",
             "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "tangram", "stock-lpm",
             "--out", f"{QUICK_DIR}/serving/think_time.json")),

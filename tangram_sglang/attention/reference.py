@@ -129,7 +129,7 @@ def attend_cached(q_rows: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
 
 
 def _one_piece_per_item(pieces: Pieces) -> bool:
-    """Every item has exactly one piece, in item order (a piece's lse is finite: it has a slot)."""
+    """Every item has exactly one piece, in item order: merging it alone gives it back bit for bit."""
     n = pieces.num_items
     return pieces.item.numel() == n and bool((pieces.item == torch.arange(n, device=pieces.item.device)).all())
 
