@@ -80,17 +80,12 @@ def window_dead(lens: np.ndarray, window: np.ndarray, page_size: int) -> np.ndar
 class RaggedKVCache:
     def __init__(self, spec: PoolSpec, group_budget: np.ndarray, windows=None):
         """windows: per layer its sliding window, 0 for full attention (default: all full)."""
-        beta = np.asarray(group_budget, dtype=np.float64)
-        if beta.shape != (spec.num_layers, spec.num_groups):
-            raise ValueError(f"group_budget has shape {beta.shape}, the pool is [{spec.num_layers}, {spec.num_groups}]")
         windows = np.zeros(spec.num_layers, np.int64) if windows is None else np.asarray(windows, np.int64)
         if windows.shape != (spec.num_layers,) or np.any(windows < 0):
             raise ValueError(f"windows must give each of the {spec.num_layers} layers a window >= 0, got {windows}")
-        if np.any(beta[windows > 0] < 1.0):
-            raise ValueError("a sliding-window layer must keep every token (group budget 1.0)")
         self.spec = spec
-        self.beta = beta.ravel()
         self.window = np.repeat(windows, spec.num_groups)  # int64 [V]
+        self.beta = self._budgets(group_budget)
         self.window_rows = np.flatnonzero(self.window)
         self.pool = PagePool(spec.num_pages, spec.page_size)
         self.store = SegmentStore(self.pool, spec.page_size)
@@ -113,9 +108,11 @@ class RaggedKVCache:
 
     # -- admission -------------------------------------------------------------------------------
     def admit(self, rid, *, chunk_tokens, decode_tokens: int = 0, prefix=(), min_keep=None,
-              prefix_node=None) -> Admission | None:
+              prefix_node=None, beta: np.ndarray | None = None) -> Admission | None:
         """Reserve the request's pages (see the module docstring); prefix_node is the caller's handle
-        of where the prefix chain ends (the tree's node), kept in the record's Publication."""
+        of where the prefix chain ends (the tree's node), kept in the record's Publication. beta: the
+        request's own group budgets (float [L, G], another ratio of the profile; default the pool's):
+        its chunks keep what its plan says, in the same virtual layers and pages as every other."""
         if rid in self.requests:
             raise PoolError(f"request {rid!r} is already admitted")
         P, V = self.spec.page_size, self.spec.num_virtual
@@ -127,7 +124,8 @@ class RaggedKVCache:
         last = np.take_along_axis(table, np.maximum(npages - 1, 0)[:, None], axis=1)[:, 0].astype(np.int64)
         partial = lens % P != 0
         in_place = partial & (self.pool.fill[last] == lens % P)
-        plan = plan_reservation(self.beta, chunk_tokens, page_size=P, decode_tokens=decode_tokens,
+        beta = self.beta if beta is None else self._budgets(beta)
+        plan = plan_reservation(beta, chunk_tokens, page_size=P, decode_tokens=decode_tokens,
                                 prefix_slots=lens, extend_in_place=in_place, min_keep=min_keep)
         if plan.total_pages > self.spec.num_pages:
             raise RequestTooLargeError(
@@ -146,6 +144,16 @@ class RaggedKVCache:
         self.requests[rid] = req
         dst = self._take(req, copy.astype(np.int64))
         return Admission(plan=plan, copy_src=last[copy], copy_dst=dst.astype(np.int64))
+
+    def _budgets(self, group_budget) -> np.ndarray:
+        """Group budgets [L, G] (the pool's, or a request's), checked: float64 [V]."""
+        beta = np.asarray(group_budget, dtype=np.float64)
+        if beta.shape != (self.spec.num_layers, self.spec.num_groups):
+            raise ValueError(f"group_budget has shape {beta.shape}, the pool is "
+                             f"[{self.spec.num_layers}, {self.spec.num_groups}]")
+        if np.any(beta.ravel()[self.window > 0] < 1.0):
+            raise ValueError("a sliding-window layer must keep every token (group budget 1.0)")
+        return beta.ravel()
 
     def _prefix_window(self, rid, table: np.ndarray, npages: np.ndarray, lens: np.ndarray) -> np.ndarray:
         """Window rows of a prefix table: columns before the window of the request's first query

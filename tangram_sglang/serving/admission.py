@@ -69,23 +69,24 @@ class AdmissionControl:
         self.evict: Callable[[int, str], bool] = _never_evicts  # the radix tree's evict_pages, once it exists
         self._max_prompt: int | None = None
 
-    def pages_alone(self, prompt_tokens: int, decode_tokens: int) -> int:
-        """Pages a request needs with the pool to itself: no prefix, its prompt compressed."""
+    def pages_alone(self, prompt_tokens: int, decode_tokens: int, beta: np.ndarray | None = None) -> int:
+        """Pages a request needs with the pool to itself: no prefix, its prompt compressed (at beta
+        [L, G], a request's own ratio; default the served one)."""
         ctx = self.context
         V = ctx.spec.num_virtual
         sched = extend_schedule(min(prompt_tokens, ctx.chunk), prompt_tokens, ctx.chunk)
         floor = min_keep(chunk_protection(ctx.protection, 0, sched, prompt_tokens))
-        plan = plan_reservation(self.cache.beta, sched, page_size=ctx.spec.page_size, decode_tokens=decode_tokens,
+        plan = plan_reservation(self.cache.beta if beta is None else np.ravel(beta), sched, page_size=ctx.spec.page_size, decode_tokens=decode_tokens,
                                 prefix_slots=np.zeros(V, np.int64), extend_in_place=np.zeros(V, bool),
                                 min_keep=floor)
         return plan.total_pages
 
-    def never_fits(self, prompt_tokens: int) -> str | None:
+    def never_fits(self, prompt_tokens: int, beta: np.ndarray | None = None) -> str | None:
         """Why a prompt can never be served by this pool (None if it can): no prefix, one decode token."""
         if prompt_tokens <= 0:  # stock SGLang crashes its scheduler on it (0.5.23, CPU): refuse it
             return "Tangram: the prompt is empty; send at least one token"
         pages = self.context.spec.num_pages
-        need = self.pages_alone(prompt_tokens, 1)
+        need = self.pages_alone(prompt_tokens, 1, beta)
         if need > pages:
             return (f"Tangram: the prompt of {prompt_tokens} tokens needs {need} pages of the "
                     f"ragged KV pool after compression, but the whole pool has {pages}; "
@@ -120,8 +121,10 @@ class AdmissionControl:
                        "for a %d-token prompt", wanted, lo, pages, prompt_tokens)
         return lo
 
-    def reserve(self, rid: str, sched: list[int], decode_tokens: int, prefix_chain, protect, prefix_node=None):
-        """cache.admit (prefix_node: the tree's node where prefix_chain ends), evicting unlocked tree leaves until it fits; None if it cannot now.
+    def reserve(self, rid: str, sched: list[int], decode_tokens: int, prefix_chain, protect, prefix_node=None,
+                beta: np.ndarray | None = None):
+        """cache.admit (prefix_node: the tree's node where prefix_chain ends; beta: the request's group
+        budgets, None for the served ones), evicting unlocked tree leaves until it fits; None if it cannot now.
 
         Evicts the pages the refused plan lacked in one pass (not a page per retry).
 
@@ -132,7 +135,7 @@ class AdmissionControl:
         while True:
             try:
                 adm = self.cache.admit(rid, chunk_tokens=sched, decode_tokens=decode_tokens, prefix=prefix_chain,
-                                       min_keep=min_keep(protect), prefix_node=prefix_node)
+                                       min_keep=min_keep(protect), prefix_node=prefix_node, beta=beta)
             except RequestTooLargeError:  # raised before anything is reserved
                 if decode_tokens <= 1:
                     raise

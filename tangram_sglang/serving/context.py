@@ -9,11 +9,14 @@ result is frozen: nothing in it changes while the server runs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tangram_sglang.attention import build_layer_metas, make_split_rows
+from tangram_sglang.method.grouping import group_budgets
 from tangram_sglang.method.protection import Protection
 from tangram_sglang.pool.spec import PoolSpec
 from tangram_sglang.profile import ModelShape, ProfileError, RatioEntry, TangramProfile, load_profile
@@ -63,6 +66,18 @@ class ServingContext:
     device: object
     metas: list                    # per layer: attention.LayerMeta
     split_rows: list               # per layer: attention.SplitRow
+    ratio_budgets: dict            # every ratio of the profile -> beta float64 [L, G] in the served groups
+
+    def budgets_for(self, ratio: float | None) -> np.ndarray:
+        """beta [L, G] a request asking for ``ratio`` (None: the served one) is planned and compressed
+        with; raises ProfileError naming the profile's ratios for one it lacks."""
+        if ratio is None:
+            return self.entry.group_budget
+        for have, beta in self.ratio_budgets.items():
+            if math.isclose(have, float(ratio), abs_tol=1e-9):
+                return beta
+        raise ProfileError("tangram_ratio", f"{ratio} is not a ratio of the served profile; it holds "
+                           f"{', '.join(str(r) for r in sorted(self.ratio_budgets))}")
 
     @property
     def logical_tokens(self) -> int:
@@ -105,4 +120,12 @@ def build_context(loaded: LoadedProfile, hf_config, *, stock_tokens: int, dtype:
                           tp=(tp_size, tp_rank), chunk=chunk or chunk_size_of(profile), protection=protection,
                           scorer=scorer, spec=spec, stock_tokens=int(stock_tokens), full_kv_token_bytes=token_bytes,
                           data_plane=data_plane, device=device, metas=metas,
-                          split_rows=make_split_rows(entry.split_map, device=device))
+                          split_rows=make_split_rows(entry.split_map, device=device),
+                          ratio_budgets=ratio_budgets(view, entry))
+
+
+def ratio_budgets(view: TangramProfile, served: RatioEntry) -> dict:
+    """Every ratio's group budgets in the served entry's groups (a group keeps the most any of its heads
+    keeps at that ratio; with one head per group, that ratio's own budgets), so a request may ask for
+    any ratio of the profile and share the pool's virtual layers, pages and batches."""
+    return {e.ratio: group_budgets(e.budgets, served.groups) for e in view.entries}

@@ -88,15 +88,17 @@ class TangramServing:
 
     # -- requests -------------------------------------------------------------------------------
     def admit(self, rid: str, *, prefix_chain, prefix_tokens: int, node, first: int, total: int,
-              decode_tokens: int) -> bool:
-        """Reserve exactly the pages of this request (evicting unlocked tree leaves if needed).
+              decode_tokens: int, ratio: float | None = None) -> bool:
+        """Reserve exactly the pages of this request (evicting unlocked tree leaves if needed), its
+        chunks compressed at ``ratio`` of the profile (None: the served one; context.budgets_for).
 
         Returns False when the pages are not there even after eviction (the request waits).
         Raises RequestTooLargeError when its prefill can never fit.
         """
         sched = extend_schedule(first, total, self.chunk)
         protect = chunk_protection(self.context.protection, prefix_tokens, sched, prefix_tokens + total)
-        adm = self.admission.reserve(rid, sched, decode_tokens, prefix_chain, protect, prefix_node=node)
+        beta = None if ratio is None else self.context.budgets_for(ratio)
+        adm = self.admission.reserve(rid, sched, decode_tokens, prefix_chain, protect, prefix_node=node, beta=beta)
         if adm is None:
             self.counters.waited += 1
             return False

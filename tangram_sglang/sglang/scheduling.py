@@ -19,6 +19,7 @@ request waits (NO_TOKEN), exactly like SGLang's token budget.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -109,7 +110,8 @@ class TangramPrefillAdder(PrefillAdder):
         try:
             return serving.admit(req.rid, prefix_chain=tree.chain(req.last_node), prefix_tokens=req.prefix_len,
                                  node=req.last_node, first=first, total=total,
-                                 decode_tokens=int(max_new * self.new_token_ratio) + 1)
+                                 decode_tokens=int(max_new * self.new_token_ratio) + 1,
+                                 ratio=own_ratio(serving, req))
         finally:
             tree.unlock(lock)
 
@@ -148,17 +150,51 @@ def bind_rows(result, batch, *args, **kwargs):
 
 
 def refuse_at_arrival(scheduler, req, *args, **kwargs):
-    """BEFORE Scheduler._add_request_to_queue: a prompt the pool can never hold, or one with token ids
-    outside the model's vocabulary, fails now with a clear error (HTTP 400) and the server keeps serving."""
+    """BEFORE Scheduler._add_request_to_queue: a prompt the pool can never hold, one with token ids
+    outside the model's vocabulary, or one asking for a ratio the profile lacks, fails now with a clear
+    error (HTTP 400) and the server keeps serving. A request of another ratio than the served one gets
+    its own branch of the tree (its extra_key): a segment is reused only at the ratio that wrote it."""
     serving = serving_of(scheduler.tree_cache)
     if serving is None or req.finished():
         return
     why = outside_vocabulary(req.origin_input_ids, scheduler.model_config.vocab_size)
     if why is None:
-        why = serving.admission.never_fits(len(req.origin_input_ids))
+        why, ratio = ratio_of_request(serving, req)
+    if why is None:
+        beta = None if ratio is None else serving.context.budgets_for(ratio)
+        why = serving.admission.never_fits(len(req.origin_input_ids), beta)
         serving.counters.too_large += why is not None
     if why is not None:
         req.set_finish_with_abort(why)
+    elif ratio is not None and not (req.extra_key or "").endswith(tag := f"{RATIO_KEY}{ratio:g}"):
+        req.extra_key = f"{req.extra_key or ''}{tag}"
+
+
+RATIO_PARAM = "tangram_ratio"    # sampling_params.custom_params[RATIO_PARAM]: a request's ratio of the profile
+RATIO_KEY = "|tangram_ratio="    # appended to the extra_key of a request at another ratio than the served one
+
+
+def ratio_of_request(serving, req) -> tuple[str | None, float | None]:
+    """(why it cannot be served, or None; the ratio it asks for, None when that is the served one).
+    The ratio is custom_params["tangram_ratio"] of its sampling parameters (``/generate``'s
+    sampling_params, the OpenAI API's ``custom_params``), one of the profile's ratios."""
+    params = getattr(req.sampling_params, "custom_params", None)
+    value = params.get(RATIO_PARAM) if isinstance(params, dict) else None
+    if value is None:
+        return None, None
+    ratios = sorted(serving.context.ratio_budgets)
+    try:
+        ratio = float(value)
+        serving.context.budgets_for(ratio)
+    except (TypeError, ValueError):
+        return (f"Tangram: {RATIO_PARAM} {value!r} is not one of the served profile's ratios "
+                f"({', '.join(f'{r:g}' for r in ratios)})"), None
+    return None, (None if math.isclose(ratio, serving.context.entry.ratio, abs_tol=1e-9) else ratio)
+
+
+def own_ratio(serving, req) -> float | None:
+    """The ratio an admitted request is compressed at (None: the served one; checked at arrival)."""
+    return ratio_of_request(serving, req)[1]
 
 
 def outside_vocabulary(ids, vocab_size: int) -> str | None:

@@ -131,6 +131,33 @@ def test_chat_completion_multi_turn(server):
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
 
 
+def test_a_request_asks_for_another_ratio_of_the_profile(server, essay_ids):
+    """custom_params {"tangram_ratio": r} (OpenAI extra_body, /generate's sampling_params) serves a request at
+    another ratio of the profile; its history is reused at that ratio only; a ratio the profile lacks is an
+    HTTP 400 naming the profile's ratios, and the server keeps serving."""
+    import openai
+
+    client = openai_client(server)
+    messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    reply = client.chat.completions.create(model="m", messages=messages, max_tokens=8, temperature=0,
+                                           extra_body={"custom_params": {"tangram_ratio": 0.5}})
+    assert reply.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match=r"tangram_ratio 0\.4 is not one of the served profile's "
+                                                     r"ratios \(0\.25, 0\.5, 0\.7\)"):
+        client.chat.completions.create(model="m", messages=messages, max_tokens=4,
+                                       extra_body={"custom_params": {"tangram_ratio": 0.4}})
+    ids = essay_ids[3000:3600]
+    params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+    first = generate(server.url, {"input_ids": ids, "sampling_params": {**params, "custom_params": {"tangram_ratio": 0.7}}})
+    again = generate(server.url, {"input_ids": ids, "sampling_params": {**params, "custom_params": {"tangram_ratio": 0.7}}})
+    served = generate(server.url, {"input_ids": ids, "sampling_params": params})
+    assert len(first["output_ids"]) == 4 and again["output_ids"] == first["output_ids"]
+    # the same prompt again reads its first 512-token chunk from the tree (SGLang prefills at least the last
+    # token, and a match never ends inside a compressed segment); at the served ratio nothing is reused
+    assert again["meta_info"]["cached_tokens"] == 512 and served["meta_info"]["cached_tokens"] == 0
+    assert state(server)[0]["integrity"] == "ok"
+
+
 def scrape(url: str) -> dict[str, float]:
     """{metric name with labels: value} of a Prometheus text page."""
     with urllib.request.urlopen(url + "/metrics", timeout=30) as r:

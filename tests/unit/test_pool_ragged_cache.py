@@ -247,3 +247,22 @@ def test_keep_count_is_what_the_pool_reserves():
     c = _cache(beta=beta)
     w = c.admit("a", chunk_tokens=[10])
     assert w.plan.chunk_slots[0].tolist() == keep_count(beta.ravel(), 10).tolist() == [3, 7]
+
+
+def test_a_request_at_its_own_budgets_draws_what_a_pool_of_them_draws():
+    """admit(beta=...): a request of another ratio plans, reserves and draws exactly what it would in a
+    pool built with its budgets, beside a request at the pool's own, in one pool; budgets of another shape refused."""
+    other = np.array([[0.25, 0.5], [0.5, 0.75]])
+    mixed, alone = _cache(), _cache(beta=other)
+    got = mixed.admit("b", chunk_tokens=[8, 6], decode_tokens=2, beta=other)
+    want = alone.admit("b", chunk_tokens=[8, 6], decode_tokens=2)
+    mixed.admit("a", chunk_tokens=[8], decode_tokens=1)
+    assert np.array_equal(got.plan.chunk_slots, want.plan.chunk_slots) and got.plan.total_pages == want.plan.total_pages
+    for n in (8, 6):
+        assert np.array_equal(mixed.prefill_chunk("b", n).counts, alone.prefill_chunk("b", n).counts)
+        mixed.check_integrity()
+    assert mixed.prefill_chunk("a", 8).counts.tolist() == [[4, 2], [8, 1]]   # the pool's own budgets
+    with pytest.raises(ValueError, match=r"group_budget has shape \(2, 3\), the pool is \[2, 2\]"):
+        mixed.admit("c", chunk_tokens=[4], beta=np.full((2, 3), 0.5))
+    assert "c" not in mixed.requests
+    mixed.check_integrity()
