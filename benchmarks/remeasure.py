@@ -164,6 +164,14 @@ FIGURES: tuple[Figure, ...] = (
            ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think-mean", "1",
             "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "tangram", "stock-lpm",
             "--out", f"{QUICK_DIR}/serving/think_time.json")),
+    # the same with heavy-tailed pauses (issue 60): a trial of 2 alternating runs, the profile and stock lpm
+    Figure("think_time_pareto", "serving", "benchmarks.serving.think_time",
+           ("--sessions", "12", "--turns", "4", "--doc-tokens", "800", "--arrival-window", "30", "--think", "pareto",
+            "--think-mean", "8", "--max-total-tokens", "8192", "--ratio", "0.4", "--servers", "tangram", "stock-lpm",
+            "--repeats", "2", "--out", "benchmarks/results/serving/think_time_pareto.json"),
+           ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think", "pareto",
+            "--think-mean", "1", "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "tangram", "stock-lpm",
+            "--out", f"{QUICK_DIR}/serving/think_time_pareto.json")),
     # SGLang's own benchmark, multi-turn: plain stock, the strongest stock of the throughput run, Tangram
     Figure("bench_serving", "serving", "benchmarks.serving.bench_serving", (*BENCH, "--rates", "0.5", "--repeats", "3"),
            ("--quick", "--out", f"{QUICK_DIR}/serving/bench_serving.json")),

@@ -649,6 +649,7 @@ def gemma_throughput_row() -> list:
 
 
 THINK_TIME = "serving/think_time.json"  # benchmarks.serving.think_time
+THINK_TIME_PARETO = "serving/think_time_pareto.json"  # the same with heavy-tailed (Lomax) pauses
 THINK_COUNTERS = ("matched_tokens", "evicted_tokens_admission", "evicted_tokens_decode", "evicted_tokens_flush",
                   "evicted_tokens_sglang", "evictions_refused", "published_segments", "twin_segments",
                   "detached_segments", "waited", "retracted", "prefill_passes", "prefill_chunks")
@@ -867,6 +868,7 @@ DOC_BLOCKS = {
     "bench-serving-low-rate": lambda: bench_serving_table(name=BENCH_LOW),
     "fidelity-long": lambda: long_table(),  # defined below
     "think-time": lambda: think_time_table(load(THINK_TIME)),
+    "think-time-pareto": lambda: think_time_table(load(THINK_TIME_PARETO)),
 }
 
 
@@ -1112,6 +1114,9 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "think_time": ("Multi-turn sessions that pause between turns (exponential think time), more open sessions than "
                    "the pool holds: the profile under its default policy (lpm) and fcfs, stock lpm, the 1.0 control",
                    lambda: " ".join(think_time_row(load(THINK_TIME), "")[1:3]).replace("**", ""), None),
+    "think_time_pareto": ("The think-time workload with heavy-tailed pauses (a Lomax of shape 1.5, the same mean): "
+                          "the profile as launched against stock lpm",
+                          lambda: " ".join(think_time_row(load(THINK_TIME_PARETO), "")[1:3]).replace("**", ""), None),
     "bench_serving_low_rate": ("The same bench_serving workload at a tenth of the rate: 0.05 conversations started "
                                "per second, 3 alternating runs",
                                lambda: " ".join(bench_serving_row(BENCH_LOW)[1:3]).replace("**", ""), None),

@@ -76,7 +76,8 @@ class AdmissionControl:
         V = ctx.spec.num_virtual
         sched = extend_schedule(min(prompt_tokens, ctx.chunk), prompt_tokens, ctx.chunk)
         floor = min_keep(chunk_protection(ctx.protection, 0, sched, prompt_tokens))
-        plan = plan_reservation(self.cache.beta if beta is None else np.ravel(beta), sched, page_size=ctx.spec.page_size, decode_tokens=decode_tokens,
+        beta = self.cache.beta if beta is None else np.ravel(beta)
+        plan = plan_reservation(beta, sched, page_size=ctx.spec.page_size, decode_tokens=decode_tokens,
                                 prefix_slots=np.zeros(V, np.int64), extend_in_place=np.zeros(V, bool),
                                 min_keep=floor)
         return plan.total_pages
