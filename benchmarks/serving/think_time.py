@@ -16,6 +16,9 @@ Servers (--servers, each launched in turn with the same --max-total-tokens, i.e.
   stock-lpm-pdi, tangram-pdi, ...  with SGLang's --prefill-decode-interval 1 (decode rounds between prefills)
   tangram, tangram-fcfs            --tangram-profile at --ratio, its default policy (lpm) / SGLang's fcfs
   tangram-1.0, tangram-1.0-fcfs    a uniform ratio-1.0 profile (no compression): the data-plane control
+  tangram-host, tangram-1.0-host   with a compressed host tier of 2 pools' bytes (--tangram-host-ratio 2)
+  stock-lpm-host-bytes             stock lpm given 3x the KV bytes on the device: the bound on stock HiCache
+                                   with the same device and host bytes (which does not run on a CPU)
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.serving.think_time --sessions 16 --max-total-tokens 8192
     # writes benchmarks/results/serving/think_time.{json,md}
@@ -68,7 +71,15 @@ SERVERS = {  # name -> (profile kind: None / "shipped" / "uniform", extra args, 
     "stock-lpm-pdi": (None, ["--schedule-policy", "lpm", "--prefill-decode-interval", "1"], False),
     "tangram-pdi": ("shipped", ["--prefill-decode-interval", "1"], False),
     "tangram-1.0-pdi": ("uniform", ["--prefill-decode-interval", "1"], False),
+    # The compressed host tier: evicted history kept in host memory of HOST_RATIO pools, loaded back on a
+    # match; stock HiCache cannot run on this CPU (its host pool's transfers are sgl_kernel CUDA ops), so
+    # its bound is stock given the device and host bytes together as device KV (no transfer cost at all).
+    "tangram-host": ("shipped", ["--tangram-host-ratio", "2"], False),
+    "tangram-1.0-host": ("uniform", ["--tangram-host-ratio", "2"], False),
+    "stock-lpm-host-bytes": (None, ["--schedule-policy", "lpm"], False),
 }
+HOST_RATIO = 2
+BYTES_SCALE = {"stock-lpm-host-bytes": 1 + HOST_RATIO}   # servers given more device bytes than the others
 
 
 # -- workload -------------------------------------------------------------------------------------
@@ -218,7 +229,8 @@ def uniform_profile_path(model_path: str) -> str:
 
 def run_server(name: str, model_path: str, args, wl: Workload) -> dict:
     kind, extra, sessions = SERVERS[name]
-    extra = ["--max-total-tokens", str(args.max_total_tokens), "--enable-cache-report", "--sleep-on-idle", *extra]
+    tokens = args.max_total_tokens * BYTES_SCALE.get(name, 1)
+    extra = ["--max-total-tokens", str(tokens), "--enable-cache-report", "--sleep-on-idle", *extra]
     profile = None
     if kind == "shipped":
         profile, extra = os.path.join(ROOT, args.profile), extra + ["--tangram-ratio", str(args.ratio)]

@@ -74,6 +74,22 @@ def assemble(chain: list[Segment], num_virtual: int, page_size: int) -> tuple[np
     return pages, npages, lens.copy()
 
 
+def split_parts(seg, num_tokens: int, page_size: int) -> list[tuple]:
+    """The two parts of an uncompressed segment (device or host: any record with its fields) cut after
+    num_tokens tokens: [(start [V], end [V], tokens, page_counts [V], page_ids)] * 2. The column holding
+    the cut is in both parts (the same page id: each part takes its own reference)."""
+    mid = seg.start_slots + num_tokens
+    src_starts = np.cumsum(seg.page_counts) - seg.page_counts
+    parts = []
+    for start, end, n in ((seg.start_slots, mid, num_tokens), (mid, seg.end_slots, seg.num_tokens - num_tokens)):
+        first, stop = page_columns(start, end, page_size)
+        counts = stop - first
+        rows, pos = ragged_index(counts)
+        offset = first - seg.start_slots // page_size
+        parts.append((start, end, n, counts, seg.page_ids[src_starts[rows] + offset[rows] + pos]))
+    return parts
+
+
 class SegmentStore:
     """The segments alive in the tree, by id; each holds references on its pages.
 
@@ -141,17 +157,8 @@ class SegmentStore:
             raise PoolError(f"segment {seg_id} is compressed: a match cannot end inside it")
         if not 0 < num_tokens < seg.num_tokens:
             raise PoolError(f"split of segment {seg_id} at {num_tokens}: must be in (0, {seg.num_tokens})")
-        mid = seg.start_slots + num_tokens
-        parts = []
-        for start, end, n in ((seg.start_slots, mid, num_tokens), (mid, seg.end_slots, seg.num_tokens - num_tokens)):
-            first, stop = page_columns(start, end, self.page_size)
-            counts = stop - first
-            rows, pos = ragged_index(counts)
-            offset = first - seg.first_columns(self.page_size)
-            src_starts = np.cumsum(seg.page_counts) - seg.page_counts
-            ids = seg.page_ids[src_starts[rows] + offset[rows] + pos]
-            parts.append(self.add(num_tokens=n, compressed=False, start=start, end=end,
-                                  page_counts=counts, page_ids=ids))
+        parts = [self.add(num_tokens=n, compressed=False, start=start, end=end, page_counts=counts, page_ids=ids)
+                 for start, end, n, counts, ids in split_parts(seg, num_tokens, self.page_size)]
         self.evict(seg_id)
         return parts[0], parts[1]
 

@@ -45,6 +45,15 @@ class PoolCounters:
     evicted_tokens_decode: int = 0
     evicted_tokens_flush: int = 0
     evicted_tokens_sglang: int = 0
+    evicted_tokens_load: int = 0   # for the pages of a host segment loaded back
+    # The host tier (--tangram-host-ratio): segments moved there for device room, loaded back on a
+    # match, dropped from it for host room; admissions that waited because a load found no pages.
+    offloaded_segments: int = 0
+    offloaded_tokens: int = 0
+    loaded_segments: int = 0
+    loaded_tokens: int = 0
+    host_evicted_tokens: int = 0
+    load_waits: int = 0
     evictions_refused: int = 0  # times room was asked that evicting every unlocked leaf could not make: nothing evicted
     # What publishing a finished chunk or reply did with each segment: linked into the tree, freed
     # for a twin already there (same tokens, same slots), or freed because its chain continues a twin.

@@ -26,6 +26,10 @@ def pool_info(serving: TangramServing, tree) -> dict:
         "stock_kv_tokens_same_bytes": ctx.stock_tokens, "chunk_tokens": ctx.chunk,
         "max_prompt_tokens": serving.admission.max_prompt_tokens(),
         "data_plane": ctx.data_plane, "tp_size": ctx.tp[0], "tp_rank": ctx.tp[1],
+        "host_pages_total": serving.tree_store.host_total_pages,
+        "host_pages_used": serving.tree_store.host_total_pages - serving.tree_store.host_free_pages,
+        "host_bytes": serving.host.bytes if serving.host is not None else 0,
+        "host_tokens": tree.host_tokens_ if tree is not None else 0,
         "running_requests": len(serving.requests), "scorer_state_bytes": scorer_state_bytes(serving),
         **serving.counters.__dict__,
     }
@@ -39,7 +43,7 @@ def scorer_state_bytes(serving: TangramServing) -> int:
 
 def tokens_held(serving: TangramServing, tree) -> int:
     """Tokens whose KV the pool holds: requests' own tokens plus the tree's (prefixes counted once)."""
-    tree_tokens = tree.total_tokens() if tree is not None else 0
+    tree_tokens = tree.device_tokens() if tree is not None else 0   # the host tier's are not in the pool
     own = sum(max(0, _request_tokens(serving, s)) for s in serving.requests.values())
     return tree_tokens + own
 
@@ -55,7 +59,7 @@ def _request_tokens(serving: TangramServing, state: RequestState) -> int:
 
 
 def log_line(info: dict) -> str:
-    evicted = sum(info[f"evicted_tokens_{why}"] for why in ("admission", "decode", "flush", "sglang"))
+    evicted = sum(info[f"evicted_tokens_{why}"] for why in ("admission", "decode", "flush", "sglang", "load"))
     return (f"tangram pages: {info['pages_used']}/{info['pages_total']} used "
             f"({info['pages_held_by_tree']} in tree), saved {100 * info['saved_vs_full_kv']:.1f}% of full KV; "
             f"tokens matched {info['matched_tokens']}, evicted {evicted}")

@@ -37,6 +37,7 @@ from tangram_sglang.scorers import ScorerState
 from tangram_sglang.serving.admission import AdmissionControl, PoolCounters
 from tangram_sglang.serving.block_tables import DeviceBlockTables
 from tangram_sglang.serving.context import LoadedProfile, ServingContext, build_context
+from tangram_sglang.serving.host_tier import HostTier
 from tangram_sglang.serving.tree_store import TreeStore
 
 
@@ -60,23 +61,26 @@ class TangramServing:
     """The serving state of one scheduler process: built whole by ``build`` (nothing in it is
     ever None), its context frozen; it owns the request table and the forward planning."""
 
-    def __init__(self, context: ServingContext):
+    def __init__(self, context: ServingContext, host_ratio: float = 0.0):
+        """host_ratio: a compressed host tier of that many times the pool's pages (0: none)."""
         self.context = context
         spec = context.spec
         self.cache = RaggedKVCache(spec, context.entry.group_budget, windows=context.profile.model.windows)
         self.data = KVPageData(spec, device=context.device)
+        host_pages = int(host_ratio * spec.num_pages)
+        self.host = HostTier(host_pages, self.data) if host_pages > 0 else None
         self.tables = DeviceBlockTables(spec.num_layers, spec.num_groups, spec.page_size, context.device)
         self.counters = PoolCounters()
         self.admission = AdmissionControl(context, self.cache, self.counters)
-        self.tree_store = TreeStore(self.cache, self.counters, self.release)
+        self.tree_store = TreeStore(self.cache, self.counters, self.release, self.host)
         self.requests: dict[str, RequestState] = {}
         self.row_to_rid: dict[int, str] = {}
         self.decode_rows = BatchMemo()  # SGLang rows of the last decode batch; changed() at any (re)binding
 
     @classmethod
-    def build(cls, loaded: LoadedProfile, hf_config, **sizes) -> "TangramServing":
+    def build(cls, loaded: LoadedProfile, hf_config, host_ratio: float = 0.0, **sizes) -> "TangramServing":
         """The serving state for the pool sized from stock SGLang's KV bytes (context.build_context)."""
-        return cls(build_context(loaded, hf_config, **sizes))
+        return cls(build_context(loaded, hf_config, **sizes), host_ratio=host_ratio)
 
     @property
     def spec(self) -> PoolSpec:

@@ -4,7 +4,8 @@ The tree links pool segments into SGLang's radix structure. It needs the segment
 split, drop), each request's publication (the segments finished since the tree last linked it,
 and where its chain ends), how many pages are free after its evictions, and a way to say a
 request left; for sliding-window layers, where a match may end and a way to drop the window
-pages of a segment no match will end at. Nothing else of the pool or the serving state reaches it.
+pages of a segment no match will end at; with a host tier (serving/host_tier.py), moving a segment
+to the host and back. Nothing else of the pool or the serving state reaches it.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tangram_sglang.pool import RaggedKVCache
+from tangram_sglang.pool.host_pages import HostSegment
 from tangram_sglang.pool.records import Publication
 from tangram_sglang.pool.segments import Segment
 
 
 class TreeStore:
-    def __init__(self, cache: RaggedKVCache, counters, release: Callable[[str], None]):
+    def __init__(self, cache: RaggedKVCache, counters, release: Callable[[str], None], host=None):
         self._cache, self._counters, self._release = cache, counters, release
+        self._host = host   # HostTier, or None: no host tier
 
     # -- publication ------------------------------------------------------------------------------
     def publish(self, rid: str, include_tail: bool) -> tuple[list[Segment], Publication] | None:
@@ -56,6 +59,55 @@ class TreeStore:
         if evicted:
             self._counters.evicted_segments += 1
             self.count(f"evicted_tokens_{evicted}", tokens)
+
+    # -- the host tier --------------------------------------------------------------------------------
+    @property
+    def has_host(self) -> bool:
+        return self._host is not None
+
+    @property
+    def host_free_pages(self) -> int:
+        return self._host.pages.num_free if self._host is not None else 0
+
+    @property
+    def host_total_pages(self) -> int:
+        return self._host.pages.num_pages if self._host is not None else 0
+
+    def offload(self, seg_id: int, reason: str) -> HostSegment | None:
+        """Move a segment to host pages (its device pages dropped); None (nothing changed) when the
+        host has no room for it. Counted in offloaded_tokens (and offloaded_tokens_<reason>)."""
+        seg = self._cache.store.get(seg_id)
+        hseg = self._host.offload(seg)
+        if hseg is None:
+            return None
+        self._cache.evict(seg_id)
+        self.count("offloaded_segments")
+        self.count("offloaded_tokens", seg.num_tokens)
+        return hseg
+
+    def load(self, hseg: HostSegment) -> Segment | None:
+        """Bring a host segment back into fresh device pages (host pages released); None (nothing
+        changed) when the pool lacks hseg.num_pages available pages."""
+        seg = self._host.load(hseg, self._cache)
+        if seg is not None:
+            self.count("loaded_segments")
+            self.count("loaded_tokens", seg.num_tokens)
+        return seg
+
+    def drop_host(self, hseg: HostSegment, *, evicted: bool = True) -> None:
+        """Release a host segment's pages (evicted: dropped from the host tier for room, counted)."""
+        self._host.pages.release(hseg)
+        if evicted:
+            self.count("host_evicted_tokens", hseg.num_tokens)
+
+    def split_host(self, hseg: HostSegment, num_tokens: int) -> tuple[HostSegment, HostSegment]:
+        return self._host.pages.split(hseg, num_tokens, self._cache.spec.page_size)
+
+    def check_host(self, held: list[HostSegment]) -> None:
+        if self._host is not None:
+            self._host.pages.check_integrity(held)
+        elif held:
+            raise AssertionError("host segments in the tree without a host tier")
 
     @property
     def tree_pages(self) -> int:

@@ -29,7 +29,8 @@ OPTIONS = [  # (ServerArgs field, unsupported when, why)
     ("enable_lmcache", bool, "LMCache: it offloads SGLang's token-pool KV, the ragged pool has none"),
     ("speculative_algorithm", lambda v: v not in (None, "", "NONE"),
      "speculative decoding: draft and verify passes write KV outside the compression chunk schedule"),
-    ("enable_hierarchical_cache", bool, "HiCache: it moves SGLang's token pool pages, the ragged pool has none"),
+    ("enable_hierarchical_cache", bool, "HiCache: it moves SGLang's token pool pages, the ragged pool has none; "
+     "--tangram-host-ratio R keeps evicted history compressed in host memory instead"),
     ("disaggregation_mode", lambda v: v not in (None, "null"),
      "prefill/decode disaggregation: transfers SGLang's token pool KV, not the ragged pool"),
     ("enable_streaming_session", bool, "streaming sessions: SGLang keeps a session's KV row outside the radix tree "

@@ -60,8 +60,9 @@ def build_serving(loaded, configurator, stock_tokens: int):
 
     mc = configurator.model_config
     tp_size, tp_rank = _tensor_parallel(configurator)
-    data_plane = choose_data_plane(served_profile(configurator.server_args).data_plane, configurator.device)
-    serving = TangramServing.build(loaded, mc.hf_config, stock_tokens=stock_tokens,
+    served = served_profile(configurator.server_args)
+    data_plane = choose_data_plane(served.data_plane, configurator.device)
+    serving = TangramServing.build(loaded, mc.hf_config, host_ratio=served.host_ratio, stock_tokens=stock_tokens,
                                    dtype=pool_dtype(configurator), device=configurator.device,
                                    page_size=PAGE_SIZE, num_q_heads=mc.get_num_attention_heads(tp_size),
                                    tp_size=tp_size, tp_rank=tp_rank, data_plane=data_plane,
@@ -71,6 +72,9 @@ def build_serving(loaded, configurator, stock_tokens: int):
     logger.info("Tangram pool%s: %d pages of %d slots (%d B each, %.1f MiB) = the bytes of %d full-KV tokens; "
                 "%d virtual layers; logical token ids: %d", rank, spec.num_pages, spec.page_size, spec.page_size_bytes,
                 spec.pool_bytes / 2**20, stock_tokens, spec.num_virtual, ctx.logical_tokens)
+    if serving.host is not None:
+        logger.info("Tangram host tier: %d pages (%.1f MiB of host memory, %.2fx the pool)",
+                    serving.host.pages.num_pages, serving.host.bytes / 2**20, served.host_ratio)
     return serving
 
 

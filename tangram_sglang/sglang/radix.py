@@ -20,6 +20,13 @@ deepest such node). When admission needs pages, interior nodes give up being mat
 least recently used first, and drop the window pages no query at or after the earliest match end
 below them reads (SGLang's SWA radix tree's tombstones); leaves are evicted after that.
 
+Host tier (``--tangram-host-ratio``): a leaf evicted for device room (admission, decode, a load) moves
+to host pages whole, still compressed, and stays in the tree (its logical ids too, so SGLang counts
+its tokens as cached); a host node's children are host nodes. A match walks into host nodes like
+any other; the admission of the request that matched them loads them back (``load_back``) before
+reserving its chunks. Host leaves are dropped, least recently used first, when the host needs room
+(or SGLang asks for logical ids back).
+
 Worked example: request A = [sys, a] (one chunk) finished; request B = [sys, b]
 matches nothing (sys sits inside A's atomic chunk), compresses [sys, b] itself
 and becomes root's second child starting with sys's first token. B's turn 2,
@@ -42,6 +49,9 @@ from tangram_sglang.sglang.radix_sessions import SessionRefs
 from tangram_sglang.sglang.radix_windows import drop_windows
 
 
+OFFLOAD_REASONS = ("admission", "decode", "load")   # evictions for device room: to the host tier when there is one
+
+
 class SegNode(TreeNode):
     def __init__(self, *, tokens: np.ndarray, value: torch.Tensor, seg, extra_key=None):
         super().__init__()
@@ -49,14 +59,24 @@ class SegNode(TreeNode):
         self.tokens = tokens              # int64 [n]
         self.key = RadixKey(token_ids=tokens.tolist(), extra_key=extra_key)
         self.value = value                # int64 [n] logical ids
-        self.seg = seg                    # pool Segment (None only for the root)
+        self.seg = seg                    # pool Segment (None for the root and while on the host tier)
+        self.host = None                  # HostSegment while on the host tier
         self.extra_key = extra_key
         self.window_end = None            # int [V]: the latest match end below it it dropped window pages for
         self.sessions: dict = {}          # session id -> its frontiers at or below (radix_sessions.py)
 
     @property
+    def on_host(self) -> bool:
+        return self.host is not None
+
+    @property
+    def geom(self):
+        """The node's segment wherever it lies: its device Segment or its HostSegment (None: root)."""
+        return self.seg if self.seg is not None else self.host
+
+    @property
     def compressed(self) -> bool:
-        return self.seg is not None and self.seg.compressed
+        return self.geom is not None and self.geom.compressed
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -81,10 +101,16 @@ class TangramRadixCache(RadixCache):
     def reset(self):
         if getattr(self, "root_node", None) is not None:
             for node in self._nodes():
-                self.store.drop(node.seg.seg_id)
+                if node.on_host:
+                    self.store.drop_host(node.host, evicted=False)
+                else:
+                    self.store.drop(node.seg.seg_id)
         super().reset()
         self.sessions.reset()
         self._heap: list = []  # (priority, id, seq, node) of evictable leaves; stale entries skipped
+        self._host_heap: list = []     # the same for host leaves
+        self.host_leaves: set = set()  # unlocked host nodes without children
+        self.host_tokens_ = 0          # tokens of the nodes on the host tier
         self._seq = itertools.count()
         root = SegNode(tokens=np.zeros(0, np.int64), value=[], seg=None)
         root.lock_ref = 1
@@ -162,26 +188,100 @@ class TangramRadixCache(RadixCache):
         return node, pos
 
     def _split(self, node: SegNode, n: int) -> SegNode:
-        """Split an uncompressed node after n tokens; returns the new upper node."""
-        part0, part1 = self.store.split(node.seg.seg_id, n)
-        upper = SegNode(tokens=node.tokens[:n], value=node.value[:n].clone(), seg=part0, extra_key=node.extra_key)
+        """Split an uncompressed node after n tokens (on the device or the host tier); returns the new upper node."""
+        if node.on_host:
+            part0, part1 = self.store.split_host(node.host, n)
+        else:
+            part0, part1 = self.store.split(node.seg.seg_id, n)
+        upper = SegNode(tokens=node.tokens[:n], value=node.value[:n].clone(), seg=None, extra_key=node.extra_key)
+        if node.on_host:
+            upper.host, node.host = part0, part1
+        else:
+            upper.seg, node.seg = part0, part1
         upper.lock_ref, upper.last_access_time, upper.priority = node.lock_ref, node.last_access_time, node.priority
         parent = node.parent
         self._remove_child(parent, node)
         self._add_child(parent, upper)
-        node.tokens, node.value, node.seg = node.tokens[n:], node.value[n:].clone(), part1
+        node.tokens, node.value = node.tokens[n:], node.value[n:].clone()
         node.key = RadixKey(token_ids=node.tokens.tolist(), extra_key=node.extra_key)
         self._add_child(upper, node)
         SessionRefs.on_split(upper, node)
         return upper
 
     def chain(self, node: SegNode) -> list:
-        """Pool segments on the path root -> node, in order."""
+        """Pool segments on the path root -> node, in order (all on the device: load_back first)."""
         segs = []
         while node is not self.root_node:
+            if node.on_host:
+                raise AssertionError(f"node {node.id} is on the host tier: load it back before reading its chain")
             segs.append(node.seg)
             node = node.parent
         return segs[::-1]
+
+    # -- the host tier ----------------------------------------------------------------------------
+    def load_back(self, node: SegNode) -> bool:
+        """Load the host segments on the path root -> node into device pages, top down, evicting
+        (offloading) unlocked leaves for their room; the caller holds a lock on node. False when
+        the room is not there: what was loaded stays loaded, and the request waits."""
+        path = []
+        while node is not self.root_node and node.on_host:
+            path.append(node)
+            node = node.parent
+        for n in reversed(path):
+            seg = self.store.load(n.host)
+            if seg is None and self.evict_pages(n.host.num_pages, "load"):
+                seg = self.store.load(n.host)
+            if seg is None:
+                self.store.count("load_waits")
+                return False
+            self.host_tokens_ -= len(n.tokens)
+            n.host, n.seg = None, seg
+            self._update_leaf_status(n)
+            self._update_leaf_status(n.parent)
+        return True
+
+    def _offload(self, node: SegNode, reason: str) -> int:
+        """Move an unlocked device leaf to the host tier, dropping host leaves (LRU) for its room;
+        returns its tokens, or 0 (nothing moved) when the host cannot hold it."""
+        need = node.seg.num_pages
+        if need > self.store.host_total_pages:
+            return 0
+        while self.store.host_free_pages < need:
+            if self._drop_one_host() == 0:
+                return 0
+        hseg = self.store.offload(node.seg.seg_id, reason)
+        if hseg is None:
+            return 0
+        node.seg, node.host = None, hseg
+        self.host_tokens_ += len(node.tokens)
+        self.evictable_leaves.discard(node)
+        self._update_leaf_status(node)
+        self._update_leaf_status(node.parent)
+        return len(node.tokens)
+
+    def _drop_one_host(self) -> int:
+        """Drop the least recently used host leaf (its logical ids and host pages); returns its tokens (0: none)."""
+        while self._host_heap:
+            prio, nid, _, node = heapq.heappop(self._host_heap)
+            if node not in self.host_leaves:
+                continue
+            now = self._priority(node)
+            if now != prio:
+                heapq.heappush(self._host_heap, (now, nid, next(self._seq), node))
+                continue
+            return self._drop_host_node(node)
+        return 0
+
+    def _drop_host_node(self, node: SegNode) -> int:
+        self.token_to_kv_pool_allocator.free(node.value)
+        self.store.drop_host(node.host)
+        self.host_tokens_ -= len(node.tokens)
+        self._delete_leaf(node)
+        return len(node.tokens)
+
+    def device_tokens(self) -> int:
+        """Tokens of the nodes whose segments are in device pages."""
+        return self.total_tokens() - self.host_tokens_
 
     # -- insert ----------------------------------------------------------------------------------
     def checkpoint(self, req, *, up_to: int, **kwargs):
@@ -208,7 +308,20 @@ class TangramRadixCache(RadixCache):
             tokens = _tokens(fill[pos:end])
             ids = row[pos:end].to(torch.int64)
             twin = self._twin(parent, tokens, seg, req.extra_key)
-            if twin is not None:
+            if twin is not None and twin.on_host:
+                # The host tier holds these tokens in this layout: our device copy takes its place
+                # (a load for free); our later segments continue it, so nothing detaches.
+                self.token_to_kv_pool_allocator.free(ids.clone())
+                self.req_to_token_pool.write((req.kv.req_pool_idx, slice(pos, end)), twin.value.to(row.dtype))
+                self.store.drop_host(twin.host, evicted=False)
+                self.host_tokens_ -= len(twin.tokens)
+                twin.host, twin.seg = None, seg
+                twin.last_access_time = time.monotonic()
+                self._update_leaf_status(twin)
+                self._update_leaf_status(parent)
+                self.store.count("published_segments")
+                parent = twin
+            elif twin is not None:
                 # Same tokens after the same chain: keep the tree's copy, free ours (stock dedup).
                 # Our later segments start on pages holding OUR copy of this segment's tail slots;
                 # under the twin a reader would mix two requests' KV (equal only if compression is
@@ -262,7 +375,7 @@ class TangramRadixCache(RadixCache):
         e.g. once as a prompt's last chunk with its newest tokens protected, is not a twin)."""
         for child in parent.children.get(self._child_key(extra_key, tokens[0]), ()):
             if (child.compressed == seg.compressed and np.array_equal(child.tokens, tokens)
-                    and np.array_equal(child.seg.end_slots, seg.end_slots)):
+                    and np.array_equal(child.geom.end_slots, seg.end_slots)):
                 return child
         return None
 
@@ -272,18 +385,33 @@ class TangramRadixCache(RadixCache):
 
     # -- eviction --------------------------------------------------------------------------------
     def _evict_leaf(self, node: SegNode, reason: str) -> int:
-        """Drop one unlocked leaf (its logical ids and its segment's page references); returns its tokens."""
+        """Evict one unlocked device leaf: to the host tier when it is for device room and the host
+        can hold it, else dropped (its logical ids and its segment's page references, and its host
+        children first); returns its tokens."""
+        if reason in OFFLOAD_REASONS and self.store.has_host:
+            moved = self._offload(node, reason)
+            if moved:
+                return moved
+        for child in [k for kids in node.children.values() for k in kids]:
+            self._drop_host_subtree(child)
         self.token_to_kv_pool_allocator.free(node.value)
         self.store.drop(node.seg.seg_id, evicted=reason)
         self._delete_leaf(node)
         return len(node.tokens)
 
+    def _drop_host_subtree(self, node: SegNode) -> None:
+        """Drop a host node and everything below it (all on the host tier), leaves first."""
+        for child in [k for kids in node.children.values() for k in kids]:
+            self._drop_host_subtree(child)
+        self._drop_host_node(node)
+
     def evict(self, params: EvictParams) -> EvictResult:
+        """SGLang's evict: frees logical ids, so host leaves go first, then device leaves, dropped."""
         if self.disable:
             return EvictResult()
         start, evicted = time.perf_counter(), 0
         while evicted < params.num_tokens:
-            got = self._evict_one("sglang")
+            got = self._drop_one_host() or self._evict_one("sglang")
             if got == 0:
                 break
             evicted += got
@@ -327,8 +455,8 @@ class TangramRadixCache(RadixCache):
         return True
 
     def evict_all(self, reason: str) -> None:
-        """Evict every unlocked leaf, repeatedly (every node no request holds)."""
-        while self._evict_one(reason):
+        """Drop every unlocked node, host tier included (reason: not one that offloads)."""
+        while self._drop_one_host() or self._evict_one(reason):
             pass
 
     def freeable_pages(self) -> int:
@@ -336,7 +464,8 @@ class TangramRadixCache(RadixCache):
         bound: locked nodes' window columns counted too). Changes nothing; O(nodes)."""
         unlocked, locked = [], []
         for node in self._nodes():
-            (unlocked if node.lock_ref == 0 else locked).append(node.seg.seg_id)
+            if not node.on_host:
+                (unlocked if node.lock_ref == 0 else locked).append(node.seg.seg_id)
         return self.store.freeable_pages(unlocked, locked)
 
     def _delete_leaf(self, node):
@@ -344,14 +473,28 @@ class TangramRadixCache(RadixCache):
         self._remove_child(node.parent, node)
         self.evictable_size_ -= len(node.tokens)
         self.evictable_leaves.discard(node)
+        self.host_leaves.discard(node)
         self._update_leaf_status(node.parent)
 
     def _update_leaf_status(self, node):
-        if node is self.root_node or node.lock_ref > 0 or node.children:
-            self.evictable_leaves.discard(node)
-        elif node not in self.evictable_leaves:
-            self.evictable_leaves.add(node)
-            heapq.heappush(self._heap, (self._priority(node), node.id, next(self._seq), node))
+        """Device leaves (unlocked, no child on the device: evicted for device room) and host leaves
+        (unlocked host nodes without children: dropped for host room), each with its lazy heap."""
+        if node is self.root_node:
+            return
+        leaves, other, heap = ((self.host_leaves, self.evictable_leaves, self._host_heap) if node.on_host
+                               else (self.evictable_leaves, self.host_leaves, self._heap))
+        other.discard(node)
+        if node.lock_ref > 0 or self._has_leaf_child(node):
+            leaves.discard(node)
+        elif node not in leaves:
+            leaves.add(node)
+            heapq.heappush(heap, (self._priority(node), node.id, next(self._seq), node))
+
+    def _has_leaf_child(self, node) -> bool:
+        """Whether a child keeps node from being a leaf: any child for a host node, a device child for a device node."""
+        if node.on_host or not self.host_tokens_:
+            return bool(node.children)
+        return any(not k.on_host for kids in node.children.values() for k in kids)
 
     # -- views -----------------------------------------------------------------------------------
     def total_tokens(self) -> int:
@@ -374,14 +517,25 @@ class TangramRadixCache(RadixCache):
                 stack.extend((k, ind + 2) for k in kids)
 
     def check_integrity(self) -> None:
-        """Every node's segment is alive and continues its parent's chain; sizes add up."""
-        total = protected = 0
+        """Every node's segment is alive (in device pages or the host tier's) and continues its
+        parent's chain; a host node's children are host nodes; sizes and host pages add up."""
+        total = protected = host_tokens = 0
+        held_host = []
         for node in self._nodes():
-            seg = self.store.segment(node.seg.seg_id)
+            if node.on_host:
+                if node.seg is not None:
+                    raise AssertionError(f"node {node.id}: on the host tier and the device at once")
+                seg = node.host
+                held_host.append(seg)
+                host_tokens += len(node.tokens)
+            else:
+                seg = self.store.segment(node.seg.seg_id)
+                if node.parent is not self.root_node and node.parent.on_host:
+                    raise AssertionError(f"node {node.id}: on the device below a host node")
             if not (len(node.tokens) == node.value.numel() == seg.num_tokens):
                 raise AssertionError(f"node {node.id}: {len(node.tokens)} tokens, {node.value.numel()} ids, "
                                      f"segment of {seg.num_tokens}")
-            start = node.parent.seg.end_slots if node.parent is not self.root_node else np.zeros_like(seg.start_slots)
+            start = node.parent.geom.end_slots if node.parent is not self.root_node else np.zeros_like(seg.start_slots)
             if not np.array_equal(seg.start_slots, start):
                 raise AssertionError(f"node {node.id}: segment does not continue its parent's chain")
             if node.lock_ref < 0:
@@ -391,7 +545,10 @@ class TangramRadixCache(RadixCache):
         if total != self.evictable_size_ + self.protected_size_ or protected != self.protected_size_:
             raise AssertionError(f"tree sizes: {total} tokens ({protected} locked) but evictable="
                                  f"{self.evictable_size_} protected={self.protected_size_}")
+        if host_tokens != self.host_tokens_:
+            raise AssertionError(f"host tier: {host_tokens} tokens in host nodes, {self.host_tokens_} counted")
+        self.store.check_host(held_host)
         self.sessions.check(list(self._nodes()), self.root_node)
-        tree_segs = {n.seg.seg_id for n in self._nodes()}
+        tree_segs = {n.seg.seg_id for n in self._nodes() if not n.on_host}
         if tree_segs != self.store.segment_ids():
             raise AssertionError(f"segments outside the tree: {sorted(self.store.segment_ids() - tree_segs)[:5]}")

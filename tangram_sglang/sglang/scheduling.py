@@ -103,11 +103,14 @@ class TangramPrefillAdder(PrefillAdder):
             self.rem_chunk_tokens = 0
 
     def _reserve(self, serving, req, first: int, total: int) -> bool:
-        """serving.admit for req's schedule, its matched prefix locked against eviction for room."""
+        """serving.admit for req's schedule, its matched prefix locked against eviction for room (and
+        loaded back first where it lies on the host tier)."""
         max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
         tree = self.tree_cache
         lock = tree.lock(req.last_node)
         try:
+            if not tree.load_back(req.last_node):   # host-tier segments of its prefix, back into pages
+                return False
             return serving.admit(req.rid, prefix_chain=tree.chain(req.last_node), prefix_tokens=req.prefix_len,
                                  node=req.last_node, first=first, total=total,
                                  decode_tokens=int(max_new * self.new_token_ratio) + 1,

@@ -34,6 +34,7 @@ class ServedProfile:
     path: str
     ratio: float | None = None
     data_plane: str = "auto"
+    host_ratio: float = 0.0   # the compressed host tier's pages, in device pools (0: none)
 
 
 def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> None:
@@ -47,6 +48,10 @@ def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> No
                        help="Attention kernels: auto (Triton on CUDA, the torch data plane elsewhere), "
                             "torch (the reference), triton (on CPU only under TRITON_INTERPRET=1, for tests), "
                             "cuda (the CUDA decode kernel, compiled at start, with the Triton prefill).")
+    group.add_argument("--tangram-host-ratio", type=float, default=0.0, metavar="R",
+                       help="A compressed host tier of R times the ragged pool's bytes in host memory: tree "
+                            "segments evicted for device room move there still compressed and are loaded back "
+                            "when a later turn matches them, instead of being prefilled again (0: none).")
     # Unset unless given, so a profile can pick its own default (profile_defaults); SGLang's otherwise.
     parser.set_defaults(schedule_policy=None)
 
@@ -160,7 +165,7 @@ def read_profile(profile_path: str | None) -> tuple[str | None, TangramProfile |
 
 
 def attach_profile(server_args, path: str | None, profile: TangramProfile | None, ratio: float | None,
-                   data_plane: str | None = "auto") -> None:
+                   data_plane: str | None = "auto", host_ratio: float | None = 0.0) -> None:
     """Check the profile against the request (and the model when its folder is local) and record
     it on server_args. Raises ProfileError naming the field and the problem.
     """
@@ -172,6 +177,8 @@ def attach_profile(server_args, path: str | None, profile: TangramProfile | None
             raise ProfileError("tangram_ratio", "given without --tangram-profile")
         if data_plane != "auto":
             raise ProfileError("tangram_data_plane", "given without --tangram-profile")
+        if host_ratio:
+            raise ProfileError("tangram_host_ratio", "given without --tangram-profile")
         return
     profile.select(ratio)
     check_scorer_weights(profile, path)
@@ -181,8 +188,21 @@ def attach_profile(server_args, path: str | None, profile: TangramProfile | None
     check_server_args(server_args)
     check_tensor_parallel(server_args, profile)
     _check_data_plane(server_args, data_plane)
+    host_ratio = _check_host_ratio(host_ratio, profile)
     # A bookkeeping attribute (leading underscore) is allowed on the sealed record.
-    setattr(server_args, HANDLE, ServedProfile(path, ratio, data_plane))
+    setattr(server_args, HANDLE, ServedProfile(path, ratio, data_plane, host_ratio))
+
+
+def _check_host_ratio(host_ratio: float | None, profile: TangramProfile) -> float:
+    import math
+
+    host_ratio = float(host_ratio or 0.0)
+    if not math.isfinite(host_ratio) or host_ratio < 0:
+        raise ProfileError("tangram_host_ratio", f"{host_ratio} is not a ratio >= 0 of the pool's bytes")
+    if host_ratio and any(profile.model.windows):
+        raise ProfileError("tangram_host_ratio", "the host tier keeps whole segments; a model with "
+                           "sliding-window layers drops their window pages from the tree")
+    return host_ratio
 
 
 def _check_data_plane(server_args, data_plane: str) -> None:
@@ -207,7 +227,8 @@ def from_cli_args(original, cls, args: argparse.Namespace):
         prefill_pass_size(vars(args), profile)
         chosen = _cli_defaults(args, profile)
         server_args = original(cls, args)
-        attach_profile(server_args, path, profile, getattr(args, "tangram_ratio", None), data_plane)
+        attach_profile(server_args, path, profile, getattr(args, "tangram_ratio", None), data_plane,
+                       getattr(args, "tangram_host_ratio", 0.0))
         _log_chosen(chosen)
     except ProfileError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -243,11 +264,12 @@ def engine_server_args_factory(server_args_cls):
         path, profile = read_profile(kwargs.pop("tangram_profile", None))
         ratio = kwargs.pop("tangram_ratio", None)
         data_plane = kwargs.pop("tangram_data_plane", "auto")
+        host_ratio = kwargs.pop("tangram_host_ratio", 0.0)
         _apply_overrides(kwargs, serving_overrides(profile, data_plane, kwargs.get("device")))
         prefill_pass_size(kwargs, profile)
         chosen = profile_defaults(kwargs, profile)
         server_args = server_args_cls(**kwargs)
-        attach_profile(server_args, path, profile, ratio, data_plane)
+        attach_profile(server_args, path, profile, ratio, data_plane, host_ratio)
         _log_chosen(chosen)
         return server_args
 

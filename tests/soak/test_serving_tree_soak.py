@@ -89,16 +89,17 @@ def window_profile(tmp_dir) -> tuple[str, object]:
 WINDOW = 20
 
 
-def build(stock_tokens=700, chunk=24, seed=0, windows_in=None, sessions=False):
+def build(stock_tokens=700, chunk=24, seed=0, windows_in=None, sessions=False, host_ratio=0.0):
     """The serving state of SmolLM2's SnapKV profile on a Llama config or, with windows_in (a
-    folder), of a uniform profile of a Gemma-3-shaped config with sliding-window layers."""
+    folder), of a uniform profile of a Gemma-3-shaped config with sliding-window layers; with
+    host_ratio, a compressed host tier of that many pools."""
     if windows_in is None:
         cfg = LlamaConfig(vocab_size=64, hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
                           num_hidden_layers=30, intermediate_size=64, architectures=["LlamaForCausalLM"])
         path, q_heads = str(PROFILE), 9
     else:
         (path, cfg), q_heads = window_profile(windows_in), 4
-    serving = TangramServing.build(LoadedProfile.load(path, 0.25), cfg, stock_tokens=stock_tokens,
+    serving = TangramServing.build(LoadedProfile.load(path, 0.25), cfg, host_ratio=host_ratio, stock_tokens=stock_tokens,
                                    dtype=torch.float32, device="cpu", page_size=16, num_q_heads=q_heads, chunk=chunk,
                                    protection=Protection(sinks=2, newest=6))  # to scale with the 24-token chunks
     rows = Row(64)
@@ -110,9 +111,10 @@ def build(stock_tokens=700, chunk=24, seed=0, windows_in=None, sessions=False):
 
 
 class Driver:
-    def __init__(self, seed, windows_in=None, chunk=24, sessions=False):
+    def __init__(self, seed, windows_in=None, chunk=24, sessions=False, host_ratio=0.0):
         self.rng = random.Random(seed)
-        self.serving, self.tree, self.alloc, self.rows = build(chunk=chunk, windows_in=windows_in, sessions=sessions)
+        self.serving, self.tree, self.alloc, self.rows = build(chunk=chunk, windows_in=windows_in, sessions=sessions,
+                                                               host_ratio=host_ratio)
         self.free_rows = list(range(1, 64))
         self.running: dict[str, FakeReq] = {}
         self.sessions: list[list[int]] = [[] for _ in range(6)]
@@ -136,7 +138,7 @@ class Driver:
         node, prefix = m.last_device_node, m.device_prefix_len
         self.stats["reused"] += prefix
         lock = self.tree.lock(node)
-        ok = self.serving.admit(req.rid, prefix_chain=self.tree.chain(node), prefix_tokens=prefix, node=node,
+        ok = self.tree.load_back(node) and self.serving.admit(req.rid, prefix_chain=self.tree.chain(node), prefix_tokens=prefix, node=node,
                                 first=min(len(prompt) - prefix, self.serving.chunk), total=len(prompt) - prefix,
                                 decode_tokens=self.rng.randint(1, 8))
         if not ok:

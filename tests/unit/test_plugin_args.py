@@ -59,3 +59,21 @@ def test_engine_bad_profile_raises(tiny_llama, tmp_path):
     bad.write_text("format: tangram-profile\nversion: 7\n")
     with pytest.raises(ProfileError, match="unknown version 7"):
         engine_mod.Engine.server_args_class(model_path=tiny_llama[0], tangram_profile=str(bad))
+
+
+def test_host_ratio_parses_and_bad_values_stop_the_launch(tiny_llama, profile, capsys, tmp_path):
+    args = prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile,
+                                "--tangram-host-ratio", "2"])
+    assert served_profile(pickle.loads(pickle.dumps(args))) == ServedProfile(profile, None, "auto", 2.0)
+    for bad, why in ((["--tangram-profile", profile, "--tangram-host-ratio", "-1"], "is not a ratio >= 0"),
+                     (["--tangram-host-ratio", "1"], "given without --tangram-profile")):
+        with pytest.raises(SystemExit):
+            prepare_server_args(["--model-path", tiny_llama[0], *bad])
+        assert why in capsys.readouterr().err
+    with pytest.raises(ProfileError, match="sliding-window layers"):
+        from tangram_sglang.sglang.server_args import _check_host_ratio
+
+        windowed = type("P", (), {"model": type("M", (), {"windows": (0, 512)})()})()
+        _check_host_ratio(1.0, windowed)
+    args = engine_mod.Engine.server_args_class(model_path=tiny_llama[0], tangram_profile=profile, tangram_host_ratio=0.5)
+    assert served_profile(args).host_ratio == 0.5
