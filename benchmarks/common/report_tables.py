@@ -650,9 +650,11 @@ def gemma_throughput_row() -> list:
 
 THINK_TIME = "serving/think_time.json"  # benchmarks.serving.think_time
 THINK_TIME_PARETO = "serving/think_time_pareto.json"  # the same with heavy-tailed (Lomax) pauses
+THINK_TIME_HOST = "serving/think_time_host.json"  # the profile with its compressed host tier, stock given its bytes
 THINK_COUNTERS = ("matched_tokens", "evicted_tokens_admission", "evicted_tokens_decode", "evicted_tokens_flush",
                   "evicted_tokens_sglang", "evictions_refused", "published_segments", "twin_segments",
-                  "detached_segments", "waited", "retracted", "prefill_passes", "prefill_chunks")
+                  "detached_segments", "waited", "retracted", "prefill_passes", "prefill_chunks", "offloaded_tokens",
+                  "loaded_tokens", "host_evicted_tokens", "load_waits")
 
 
 def median(xs) -> float:
@@ -742,25 +744,44 @@ def think_time_table(res: dict) -> list[str]:
         lines += ["", "The profile's counters (`pool_info`, the last run of each server): " + "; ".join(
             f"{name}: " + ", ".join(f"{k} {r['pool_info'][k]:,}" for k in THINK_COUNTERS if k in r["pool_info"])
             for name, r in last.items())]
+    hosts = [f"{name}: {p['host_tokens']:,} tokens in {p['host_pages_used']:,} of {p['host_pages_total']:,} pages, "
+             f"{host_bytes_per_token(p):,.0f} B a token against full KV's {full_kv_token_bytes(p):,.0f} "
+             f"({full_kv_token_bytes(p) / host_bytes_per_token(p):.2f}x the tokens per host byte)"
+             for name, p in ((n, r["pool_info"]) for n, r in last.items()) if p.get("host_tokens")]
+    if hosts:
+        lines += ["", "Host tier at the end of the last run: " + "; ".join(hosts)]
     return lines
 
 
-def think_time_row(res: dict, link_to: str) -> list[str]:
-    """The README's row: the profile as launched with no other option (its default policy) against the fastest
-    stock server (median turns/s over the runs), the ratio-1.0 control beside."""
+def full_kv_token_bytes(pool: dict) -> float:
+    return pool["full_kv_bytes_for_tokens_held"] / max(1, pool["tokens_held"])
+
+
+def host_bytes_per_token(pool: dict) -> float:
+    """Bytes of host pages per token the host tier holds (page padding included)."""
+    return pool["host_pages_used"] * pool["page_bytes"] / max(1, pool["host_tokens"])
+
+
+def think_time_row(res: dict, link_to: str, server: str = "tangram") -> list[str]:
+    """The README's row: the profile as launched (server: with no other option, its default policy; or
+    tangram-host, with its host tier) against the fastest stock server (median turns/s over the runs), the
+    ratio-1.0 control (launched alike) beside."""
     a, meds = res["args"], _think_medians(res)
-    stock, tg, ctl = _best_stock(meds), meds["tangram"], meds.get("tangram-1.0")
-    runs = len(think_by_server(res)["tangram"])
+    control = server.replace("tangram", "tangram-1.0", 1)
+    stock, tg, ctl = _best_stock(meds), meds[server], meds.get(control)
+    runs = len(think_by_server(res)[server])
     cell = lambda m: (f"later turns reused {100 * m['reuse']:.0f}%, TTFT p50 / p99 {m['ttft_p50']:.0f} / "  # noqa: E731
                       f"{m['ttft_p99']:.0f} s, {m['right']:g}/{a['sessions']} right")
     profile = a["profile"].rsplit("/", 1)[-1].split(".yaml")[0]
+    how = ("with a compressed host tier of twice the pool's bytes (`--tangram-host-ratio 2`)" if server.endswith("host")
+           else "launched with the profile alone (its default policy, lpm)")
     return [f"Multi-turn sessions that pause between turns, {res['model_path'].rstrip('/').split('/')[-1]}, {profile} "
-            f"{a['ratio']:g} launched with the profile alone (its default policy, lpm), {a['sessions']} sessions arriving over "
+            f"{a['ratio']:g} {how}, {a['sessions']} sessions arriving over "
             f"{a['arrival_window']:g} s x {a['turns']} turns, pauses {a['think']} mean {a['think_mean']:g} s, "
             f"{a['max_total_tokens']:,} full-KV tokens' bytes ({runs} run{'s' * (runs > 1)})",
-            f"**{_ratio_cell(res, 'tangram', stock)}** the best stock's turns/s; {cell(tg)}",
+            f"**{_ratio_cell(res, server, stock)}** the best stock's turns/s; {cell(tg)}",
             f"best stock ({stock.removeprefix('stock-')}): {cell(meds[stock])}"
-            + (f"; ratio-1.0 control {_ratio_cell(res, 'tangram-1.0', stock)}, reused "
+            + (f"; ratio-1.0 control {_ratio_cell(res, control, stock)}, reused "
                f"{100 * ctl['reuse']:.0f}%" if ctl else ""), link_to]
 
 
@@ -791,6 +812,8 @@ def key_results() -> list[str]:
     rows.append(bench_serving_row(BENCH_LOW))
     if (RESULTS / THINK_TIME).exists():
         rows.append(think_time_row(load(THINK_TIME), link(THINK_TIME)))
+    if (RESULTS / THINK_TIME_HOST).exists():
+        rows.append(think_time_row(load(THINK_TIME_HOST), link(THINK_TIME_HOST), "tangram-host"))
     rows.append(long_row())
     p = {r["setting"]: r for r in load("serving/pressure.json")["rows"]}
     st = p.pop("stock SGLang")
@@ -869,6 +892,7 @@ DOC_BLOCKS = {
     "fidelity-long": lambda: long_table(),  # defined below
     "think-time": lambda: think_time_table(load(THINK_TIME)),
     "think-time-pareto": lambda: think_time_table(load(THINK_TIME_PARETO)),
+    "think-time-host": lambda: think_time_table(load(THINK_TIME_HOST)),
 }
 
 
@@ -1117,6 +1141,11 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "think_time_pareto": ("The think-time workload with heavy-tailed pauses (a Lomax of shape 1.5, the same mean): "
                           "the profile as launched against stock lpm",
                           lambda: " ".join(think_time_row(load(THINK_TIME_PARETO), "")[1:3]).replace("**", ""), None),
+    "think_time_host": ("The think-time workload with the profile's compressed host tier (2x the pool's bytes in host "
+                        "memory), against stock lpm given the device and host bytes on the device (the bound on stock "
+                        "HiCache, which does not run on a CPU) and stock lpm, with the 1.0 control's host tier",
+                        lambda: " ".join(think_time_row(load(THINK_TIME_HOST), "", "tangram-host")[1:3]).replace("**", ""),
+                        None),
     "bench_serving_low_rate": ("The same bench_serving workload at a tenth of the rate: 0.05 conversations started "
                                "per second, 3 alternating runs",
                                lambda: " ".join(bench_serving_row(BENCH_LOW)[1:3]).replace("**", ""), None),

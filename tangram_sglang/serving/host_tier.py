@@ -8,7 +8,8 @@ keeps 40% of the tokens a host GB holds 2.5x the sessions a full-KV host tier wo
 
 Owners: HostPages (pool/host_pages.py) the host pages' integers; here the host K/V tensors
 [num_pages, P, H_p, d] (pinned on CUDA) and the copies. Copies are synchronous: on a CPU both
-tiers are RAM; on a GPU a load waits for its copy before the request's first prefill.
+tiers are RAM; on a GPU an offload first waits for the device (a forward on another stream may still
+be writing pages of the segment's chain) and a load's copy completes before the request's first prefill.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class HostTier:
             return None
         src = torch.as_tensor(seg.page_ids.astype(np.int64), device=self.data.k_pages.device)
         dst = torch.from_numpy(host_ids.astype(np.int64))
+        if src.device.type == "cuda":   # a forward on another stream (overlap scheduling) may still write them
+            torch.cuda.synchronize(src.device)
         self.k[dst] = self.data.k_pages[src].to("cpu")
         self.v[dst] = self.data.v_pages[src].to("cpu")
         return self.pages.keep(seg, host_ids)

@@ -62,7 +62,9 @@ def log_line(info: dict) -> str:
     evicted = sum(info[f"evicted_tokens_{why}"] for why in ("admission", "decode", "flush", "sglang", "load"))
     return (f"tangram pages: {info['pages_used']}/{info['pages_total']} used "
             f"({info['pages_held_by_tree']} in tree), saved {100 * info['saved_vs_full_kv']:.1f}% of full KV; "
-            f"tokens matched {info['matched_tokens']}, evicted {evicted}")
+            f"tokens matched {info['matched_tokens']}, evicted {evicted}"
+            + (f"; host tier {info['host_pages_used']}/{info['host_pages_total']} pages, tokens offloaded "
+               f"{info['offloaded_tokens']}, loaded {info['loaded_tokens']}" if info["host_pages_total"] else ""))
 
 
 def check_integrity(serving: TangramServing, tree) -> None:

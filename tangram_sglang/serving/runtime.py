@@ -68,6 +68,8 @@ class TangramServing:
         self.cache = RaggedKVCache(spec, context.entry.group_budget, windows=context.profile.model.windows)
         self.data = KVPageData(spec, device=context.device)
         host_pages = int(host_ratio * spec.num_pages)
+        if host_pages and self.cache.window_rows.size:   # refused at launch (server_args._check_host_ratio)
+            raise ValueError("a host tier keeps whole segments; sliding-window layers drop window pages from the tree")
         self.host = HostTier(host_pages, self.data) if host_pages > 0 else None
         self.tables = DeviceBlockTables(spec.num_layers, spec.num_groups, spec.page_size, context.device)
         self.counters = PoolCounters()

@@ -261,16 +261,8 @@ class TangramRadixCache(RadixCache):
 
     def _drop_one_host(self) -> int:
         """Drop the least recently used host leaf (its logical ids and host pages); returns its tokens (0: none)."""
-        while self._host_heap:
-            prio, nid, _, node = heapq.heappop(self._host_heap)
-            if node not in self.host_leaves:
-                continue
-            now = self._priority(node)
-            if now != prio:
-                heapq.heappush(self._host_heap, (now, nid, next(self._seq), node))
-                continue
-            return self._drop_host_node(node)
-        return 0
+        node = self._pop_leaf(self._host_heap, self.host_leaves)
+        return 0 if node is None else self._drop_host_node(node)
 
     def _drop_host_node(self, node: SegNode) -> int:
         self.token_to_kv_pool_allocator.free(node.value)
@@ -424,16 +416,22 @@ class TangramRadixCache(RadixCache):
         A lazy heap: entries of nodes no longer evictable are dropped, and an entry whose
         node's priority changed since (a new access) is pushed again with the new one, so
         each eviction costs O(log leaves), not a scan of every leaf."""
-        while self._heap:
-            prio, nid, _, node = heapq.heappop(self._heap)
-            if node not in self.evictable_leaves:
+        node = self._pop_leaf(self._heap, self.evictable_leaves)
+        return 0 if node is None else self._evict_leaf(node, reason)
+
+    def _pop_leaf(self, heap: list, leaves: set):
+        """The lowest-priority node of a lazy heap that is still in leaves (None: none): entries of nodes
+        no longer there are dropped, one whose priority changed is pushed again with the new one."""
+        while heap:
+            prio, nid, _, node = heapq.heappop(heap)
+            if node not in leaves:
                 continue
             now = self._priority(node)
             if now != prio:
-                heapq.heappush(self._heap, (now, nid, next(self._seq), node))
+                heapq.heappush(heap, (now, nid, next(self._seq), node))
                 continue
-            return self._evict_leaf(node, reason)
-        return 0
+            return node
+        return None
 
     def evict_pages(self, pages: int, reason: str = "admission") -> bool:
         """Evict LRU leaves until the pool has ``pages`` more available pages (reason: what asked,

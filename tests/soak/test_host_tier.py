@@ -169,7 +169,14 @@ def test_offloaded_history_is_matched_loaded_and_split_on_the_host():
     d.check()
     d.check_data()
     assert not m.last_device_node.on_host and m.last_device_node.parent is not tree.root_node
-    assert d.serving.counters.loaded_tokens == len(history) - 2
+    c = d.serving.counters
+    assert c.loaded_tokens == len(history) - 2 and c.offloaded_tokens == len(history)
+    from tangram_sglang.serving.observability import log_line, pool_info
+
+    info = pool_info(d.serving, tree)
+    assert info["host_tokens"] == tree.host_tokens_ == 2 and info["tokens_held"] == len(history) - 2
+    assert log_line(info).endswith(f"host tier {info['host_pages_used']}/{info['host_pages_total']} pages, "
+                                   f"tokens offloaded {len(history)}, loaded {len(history) - 2}")
 
 
 def test_twin_on_the_host_is_replaced_by_the_device_copy():

@@ -38,3 +38,23 @@ def test_think_times_have_the_asked_mean():
         draws = [_think(rng, kind, 8.0) for _ in range(40000)]
         assert min(draws) >= 0 and abs(statistics.mean(draws) - 8.0) < 1.0, kind
     assert _think(rng, "pareto", 0.0) == 0.0
+
+
+def test_host_tier_rows_name_the_host_server_its_control_and_bytes_per_token():
+    from benchmarks.common.report_tables import think_time_row
+    from benchmarks.serving.think_time import BYTES_SCALE, SERVERS
+
+    args = dict(sessions=2, arrival_window=1.0, turns=3, doc_tokens=100, think="exponential", think_mean=1.0,
+                max_total_tokens=1024, profile="configs/p.yaml", ratio=0.4, repeats=1)
+    runs = [_run("stock-lpm-host-bytes", [[500, 500], [500, 500]]), _run("tangram-host", [[1000, 1000], [1000, 1000]]),
+            _run("tangram-1.0-host", [[0, 0], [0, 0]])]
+    runs[0]["wall_s"], runs[2]["wall_s"] = 18.0, 24.0
+    runs[1]["pool_info"] = dict(host_tokens=1000, host_pages_used=25, host_pages_total=100, page_bytes=4096,
+                                full_kv_bytes_for_tokens_held=230_400, tokens_held=10)
+    res = dict(args=args, model_path="/m/SmolLM2", runs=runs)
+    row = think_time_row(res, "link", "tangram-host")
+    assert "--tangram-host-ratio 2" in row[0] and row[1].startswith("**1.50x**")
+    assert "(lpm-host-bytes)" in row[2] and "ratio-1.0 control 0.75x" in row[2]
+    text = "\n".join(fmt_md(res))
+    assert "1,000 tokens in 25 of 100 pages, 102 B a token against full KV's 23,040 (225.00x" in text
+    assert BYTES_SCALE["stock-lpm-host-bytes"] == 3 and "--tangram-host-ratio" in SERVERS["tangram-host"][1]
