@@ -182,6 +182,15 @@ FIGURES: tuple[Figure, ...] = (
            ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think-mean", "1",
             "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "tangram-host", "stock-lpm-host-bytes",
             "--out", f"{QUICK_DIR}/serving/think_time_host.json")),
+    # the same with session ids and the session radix cache on both sides (issue 51's comparison), 2 runs
+    Figure("think_time_host_sessions", "serving", "benchmarks.serving.think_time",
+           ("--sessions", "12", "--turns", "4", "--doc-tokens", "800", "--arrival-window", "30", "--think-mean", "8",
+            "--max-total-tokens", "8192", "--ratio", "0.4", "--servers", "tangram-host-sessions",
+            "stock-lpm-sessions-host-bytes", "--repeats", "2",
+            "--out", "benchmarks/results/serving/think_time_host_sessions.json"),
+           ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think-mean", "1",
+            "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "tangram-host-sessions",
+            "stock-lpm-sessions-host-bytes", "--out", f"{QUICK_DIR}/serving/think_time_host_sessions.json")),
     # SGLang's own benchmark, multi-turn: plain stock, the strongest stock of the throughput run, Tangram
     Figure("bench_serving", "serving", "benchmarks.serving.bench_serving", (*BENCH, "--rates", "0.5", "--repeats", "3"),
            ("--quick", "--out", f"{QUICK_DIR}/serving/bench_serving.json")),

@@ -651,6 +651,7 @@ def gemma_throughput_row() -> list:
 THINK_TIME = "serving/think_time.json"  # benchmarks.serving.think_time
 THINK_TIME_PARETO = "serving/think_time_pareto.json"  # the same with heavy-tailed (Lomax) pauses
 THINK_TIME_HOST = "serving/think_time_host.json"  # the profile with its compressed host tier, stock given its bytes
+THINK_TIME_HOST_SESSIONS = "serving/think_time_host_sessions.json"  # the same with session ids, session radix cache
 THINK_COUNTERS = ("matched_tokens", "evicted_tokens_admission", "evicted_tokens_decode", "evicted_tokens_flush",
                   "evicted_tokens_sglang", "evictions_refused", "published_segments", "twin_segments",
                   "detached_segments", "waited", "retracted", "prefill_passes", "prefill_chunks", "offloaded_tokens",
@@ -773,8 +774,9 @@ def think_time_row(res: dict, link_to: str, server: str = "tangram") -> list[str
     cell = lambda m: (f"later turns reused {100 * m['reuse']:.0f}%, TTFT p50 / p99 {m['ttft_p50']:.0f} / "  # noqa: E731
                       f"{m['ttft_p99']:.0f} s, {m['right']:g}/{a['sessions']} right")
     profile = a["profile"].rsplit("/", 1)[-1].split(".yaml")[0]
-    how = ("with a compressed host tier of twice the pool's bytes (`--tangram-host-ratio 2`)" if server.endswith("host")
+    how = ("with a compressed host tier of twice the pool's bytes (`--tangram-host-ratio 2`)" if "host" in server
            else "launched with the profile alone (its default policy, lpm)")
+    how += ", session ids and the session radix cache on both sides" if server.endswith("sessions") else ""
     return [f"Multi-turn sessions that pause between turns, {res['model_path'].rstrip('/').split('/')[-1]}, {profile} "
             f"{a['ratio']:g} {how}, {a['sessions']} sessions arriving over "
             f"{a['arrival_window']:g} s x {a['turns']} turns, pauses {a['think']} mean {a['think_mean']:g} s, "
@@ -893,6 +895,7 @@ DOC_BLOCKS = {
     "think-time": lambda: think_time_table(load(THINK_TIME)),
     "think-time-pareto": lambda: think_time_table(load(THINK_TIME_PARETO)),
     "think-time-host": lambda: think_time_table(load(THINK_TIME_HOST)),
+    "think-time-host-sessions": lambda: think_time_table(load(THINK_TIME_HOST_SESSIONS)),
 }
 
 
@@ -1146,6 +1149,11 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                         "HiCache, which does not run on a CPU) and stock lpm, with the 1.0 control's host tier",
                         lambda: " ".join(think_time_row(load(THINK_TIME_HOST), "", "tangram-host")[1:3]).replace("**", ""),
                         None),
+    "think_time_host_sessions": ("The host tier's workload with session ids and SGLang's session radix cache on both "
+                                 "sides: the profile with its host tier against stock lpm given the host's bytes",
+                                 lambda: " ".join(think_time_row(load(THINK_TIME_HOST_SESSIONS), "",
+                                                                 "tangram-host-sessions")[1:3]).replace("**", ""),
+                                 None),
     "bench_serving_low_rate": ("The same bench_serving workload at a tenth of the rate: 0.05 conversations started "
                                "per second, 3 alternating runs",
                                lambda: " ".join(bench_serving_row(BENCH_LOW)[1:3]).replace("**", ""), None),

@@ -19,6 +19,8 @@ Servers (--servers, each launched in turn with the same --max-total-tokens, i.e.
   tangram-host, tangram-1.0-host   with a compressed host tier of 2 pools' bytes (--tangram-host-ratio 2)
   stock-lpm-host-bytes             stock lpm given 3x the KV bytes on the device: the bound on stock HiCache
                                    with the same device and host bytes (which does not run on a CPU)
+  tangram-host-sessions, stock-lpm-sessions-host-bytes   the two above with session ids and
+                                   --enable-session-radix-cache
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.serving.think_time --sessions 16 --max-total-tokens 8192
     # writes benchmarks/results/serving/think_time.{json,md}
@@ -77,9 +79,13 @@ SERVERS = {  # name -> (profile kind: None / "shipped" / "uniform", extra args, 
     "tangram-host": ("shipped", ["--tangram-host-ratio", "2"], False),
     "tangram-1.0-host": ("uniform", ["--tangram-host-ratio", "2"], False),
     "stock-lpm-host-bytes": (None, ["--schedule-policy", "lpm"], False),
+    # the same with session ids and SGLang's session radix cache on both sides
+    "tangram-host-sessions": ("shipped", ["--tangram-host-ratio", "2", "--enable-session-radix-cache"], True),
+    "stock-lpm-sessions-host-bytes": (None, ["--schedule-policy", "lpm", "--enable-session-radix-cache"], True),
 }
 HOST_RATIO = 2
-BYTES_SCALE = {"stock-lpm-host-bytes": 1 + HOST_RATIO}   # servers given more device bytes than the others
+BYTES_SCALE = {"stock-lpm-host-bytes": 1 + HOST_RATIO,   # servers given more device bytes than the others
+               "stock-lpm-sessions-host-bytes": 1 + HOST_RATIO}
 
 
 # -- workload -------------------------------------------------------------------------------------

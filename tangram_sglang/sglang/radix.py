@@ -20,6 +20,9 @@ deepest such node). When admission needs pages, interior nodes give up being mat
 least recently used first, and drop the window pages no query at or after the earliest match end
 below them reads (SGLang's SWA radix tree's tombstones); leaves are evicted after that.
 
+Eviction lives in radix_eviction.py, the host tier's side in radix_host.py, the integrity check in
+radix_integrity.py (mixins and a function over this tree).
+
 Host tier (``--tangram-host-ratio``): a leaf evicted for device room (admission, decode, a load) moves
 to host pages whole, still compressed, and stays in the tree (its logical ids too, so SGLang counts
 its tokens as cached); a host node's children are host nodes. A match walks into host nodes like
@@ -41,15 +44,14 @@ import time
 
 import numpy as np
 import torch
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult, MatchPrefixParams, MatchResult
+from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams, MatchResult
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
 from tangram_sglang.serving.tree_store import TreeStore
+from tangram_sglang.sglang.radix_eviction import LeafEviction
+from tangram_sglang.sglang.radix_host import HostTierTree
+from tangram_sglang.sglang.radix_integrity import check_tree
 from tangram_sglang.sglang.radix_sessions import SessionRefs
-from tangram_sglang.sglang.radix_windows import drop_windows
-
-
-OFFLOAD_REASONS = ("admission", "decode", "load")   # evictions for device room: to the host tier when there is one
 
 
 class SegNode(TreeNode):
@@ -89,7 +91,7 @@ def _tokens(ids) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-class TangramRadixCache(RadixCache):
+class TangramRadixCache(LeafEviction, HostTierTree, RadixCache):
     def __init__(self, params, store: TreeStore):
         self.store = store                       # the serving state's narrow interface (its only link)
         self.touched_order: tuple | None = None  # the waiting queue's head last touched (scheduling.py)
@@ -218,63 +220,6 @@ class TangramRadixCache(RadixCache):
             node = node.parent
         return segs[::-1]
 
-    # -- the host tier ----------------------------------------------------------------------------
-    def load_back(self, node: SegNode) -> bool:
-        """Load the host segments on the path root -> node into device pages, top down, evicting
-        (offloading) unlocked leaves for their room; the caller holds a lock on node. False when
-        the room is not there: what was loaded stays loaded, and the request waits."""
-        path = []
-        while node is not self.root_node and node.on_host:
-            path.append(node)
-            node = node.parent
-        for n in reversed(path):
-            seg = self.store.load(n.host)
-            if seg is None and self.evict_pages(n.host.num_pages, "load"):
-                seg = self.store.load(n.host)
-            if seg is None:
-                self.store.count("load_waits")
-                return False
-            self.host_tokens_ -= len(n.tokens)
-            n.host, n.seg = None, seg
-            self._update_leaf_status(n)
-            self._update_leaf_status(n.parent)
-        return True
-
-    def _offload(self, node: SegNode, reason: str) -> int:
-        """Move an unlocked device leaf to the host tier, dropping host leaves (LRU) for its room;
-        returns its tokens, or 0 (nothing moved) when the host cannot hold it."""
-        need = node.seg.num_pages
-        if need > self.store.host_total_pages:
-            return 0
-        while self.store.host_free_pages < need:
-            if self._drop_one_host() == 0:
-                return 0
-        hseg = self.store.offload(node.seg.seg_id, reason)
-        if hseg is None:
-            return 0
-        node.seg, node.host = None, hseg
-        self.host_tokens_ += len(node.tokens)
-        self.evictable_leaves.discard(node)
-        self._update_leaf_status(node)
-        self._update_leaf_status(node.parent)
-        return len(node.tokens)
-
-    def _drop_one_host(self) -> int:
-        """Drop the least recently used host leaf (its logical ids and host pages); returns its tokens (0: none)."""
-        node = self._pop_leaf(self._host_heap, self.host_leaves)
-        return 0 if node is None else self._drop_host_node(node)
-
-    def _drop_host_node(self, node: SegNode) -> int:
-        self.token_to_kv_pool_allocator.free(node.value)
-        self.store.drop_host(node.host)
-        self.host_tokens_ -= len(node.tokens)
-        self._delete_leaf(node)
-        return len(node.tokens)
-
-    def device_tokens(self) -> int:
-        """Tokens of the nodes whose segments are in device pages."""
-        return self.total_tokens() - self.host_tokens_
-
     # -- insert ----------------------------------------------------------------------------------
     def checkpoint(self, req, *, up_to: int, **kwargs):
         """Publish the request's finished chunks (and, once finished, its generated tokens)."""
@@ -305,13 +250,7 @@ class TangramRadixCache(RadixCache):
                 # (a load for free); our later segments continue it, so nothing detaches.
                 self.token_to_kv_pool_allocator.free(ids.clone())
                 self.req_to_token_pool.write((req.kv.req_pool_idx, slice(pos, end)), twin.value.to(row.dtype))
-                self.store.drop_host(twin.host, evicted=False)
-                self.host_tokens_ -= len(twin.tokens)
-                twin.host, twin.seg = None, seg
-                twin.last_access_time = time.monotonic()
-                self._update_leaf_status(twin)
-                self._update_leaf_status(parent)
-                self.store.count("published_segments")
+                self._replace_host_twin(twin, seg)
                 parent = twin
             elif twin is not None:
                 # Same tokens after the same chain: keep the tree's copy, free ours (stock dedup).
@@ -375,125 +314,6 @@ class TangramRadixCache(RadixCache):
         # Not checkpointed and not finished: decode ran out of pages and SGLang requeues it.
         self.store.left(req.rid, retracted=not checkpointed and not req.finished())
 
-    # -- eviction --------------------------------------------------------------------------------
-    def _evict_leaf(self, node: SegNode, reason: str) -> int:
-        """Evict one unlocked device leaf: to the host tier when it is for device room and the host
-        can hold it, else dropped (its logical ids and its segment's page references, and its host
-        children first); returns its tokens."""
-        if reason in OFFLOAD_REASONS and self.store.has_host:
-            moved = self._offload(node, reason)
-            if moved:
-                return moved
-        for child in [k for kids in node.children.values() for k in kids]:
-            self._drop_host_subtree(child)
-        self.token_to_kv_pool_allocator.free(node.value)
-        self.store.drop(node.seg.seg_id, evicted=reason)
-        self._delete_leaf(node)
-        return len(node.tokens)
-
-    def _drop_host_subtree(self, node: SegNode) -> None:
-        """Drop a host node and everything below it (all on the host tier), leaves first."""
-        for child in [k for kids in node.children.values() for k in kids]:
-            self._drop_host_subtree(child)
-        self._drop_host_node(node)
-
-    def evict(self, params: EvictParams) -> EvictResult:
-        """SGLang's evict: frees logical ids, so host leaves go first, then device leaves, dropped."""
-        if self.disable:
-            return EvictResult()
-        start, evicted = time.perf_counter(), 0
-        while evicted < params.num_tokens:
-            got = self._drop_one_host() or self._evict_one("sglang")
-            if got == 0:
-                break
-            evicted += got
-        self.update_eviction_metrics(evicted, start)
-        return EvictResult(num_tokens_evicted=evicted)
-
-    def _evict_one(self, reason: str) -> int:
-        """Evict the lowest-priority evictable leaf (SGLang's eviction strategy, LRU by default).
-
-        A lazy heap: entries of nodes no longer evictable are dropped, and an entry whose
-        node's priority changed since (a new access) is pushed again with the new one, so
-        each eviction costs O(log leaves), not a scan of every leaf."""
-        node = self._pop_leaf(self._heap, self.evictable_leaves)
-        return 0 if node is None else self._evict_leaf(node, reason)
-
-    def _pop_leaf(self, heap: list, leaves: set):
-        """The lowest-priority node of a lazy heap that is still in leaves (None: none): entries of nodes
-        no longer there are dropped, one whose priority changed is pushed again with the new one."""
-        while heap:
-            prio, nid, _, node = heapq.heappop(heap)
-            if node not in leaves:
-                continue
-            now = self._priority(node)
-            if now != prio:
-                heapq.heappush(heap, (now, nid, next(self._seq), node))
-                continue
-            return node
-        return None
-
-    def evict_pages(self, pages: int, reason: str = "admission") -> bool:
-        """Evict LRU leaves until the pool has ``pages`` more available pages (reason: what asked,
-        counted in PoolCounters.evicted_tokens_<reason>).
-
-        When evicting every unlocked leaf could not make that room, evict nothing and return False:
-        the caller waits (or SGLang retracts) and the cached histories stay for the requests that
-        come back to them. A request that cannot be admitted yet must not flush the tree on every
-        scheduling pass; stock SGLang's admission likewise counts evictable tokens before evicting."""
-        goal = self.store.available_pages + pages
-        if self.store.tree_pages < pages or self.freeable_pages() < pages:  # the first: O(1), no walk
-            self.store.count("evictions_refused")
-            return False
-        if self.store.has_windows:
-            drop_windows(self, goal)
-        while self.store.available_pages < goal:
-            if self._evict_one(reason) == 0:
-                return False
-        return True
-
-    def evict_all(self, reason: str) -> None:
-        """Drop every unlocked node, host tier included (reason: not one that offloads)."""
-        while self._drop_one_host() or self._evict_one(reason):
-            pass
-
-    def freeable_pages(self) -> int:
-        """Pages evicting every unlocked node would free (with sliding-window layers an upper
-        bound: locked nodes' window columns counted too). Changes nothing; O(nodes)."""
-        unlocked, locked = [], []
-        for node in self._nodes():
-            if not node.on_host:
-                (unlocked if node.lock_ref == 0 else locked).append(node.seg.seg_id)
-        return self.store.freeable_pages(unlocked, locked)
-
-    def _delete_leaf(self, node):
-        self.sessions.on_delete(node, self.root_node)
-        self._remove_child(node.parent, node)
-        self.evictable_size_ -= len(node.tokens)
-        self.evictable_leaves.discard(node)
-        self.host_leaves.discard(node)
-        self._update_leaf_status(node.parent)
-
-    def _update_leaf_status(self, node):
-        """Device leaves (unlocked, no child on the device: evicted for device room) and host leaves
-        (unlocked host nodes without children: dropped for host room), each with its lazy heap."""
-        if node is self.root_node:
-            return
-        leaves, other, heap = ((self.host_leaves, self.evictable_leaves, self._host_heap) if node.on_host
-                               else (self.evictable_leaves, self.host_leaves, self._heap))
-        other.discard(node)
-        if node.lock_ref > 0 or self._has_leaf_child(node):
-            leaves.discard(node)
-        elif node not in leaves:
-            leaves.add(node)
-            heapq.heappush(heap, (self._priority(node), node.id, next(self._seq), node))
-
-    def _has_leaf_child(self, node) -> bool:
-        """Whether a child keeps node from being a leaf: any child for a host node, a device child for a device node."""
-        if node.on_host or not self.host_tokens_:
-            return bool(node.children)
-        return any(not k.on_host for kids in node.children.values() for k in kids)
-
     # -- views -----------------------------------------------------------------------------------
     def total_tokens(self) -> int:
         return self.evictable_size_ + self.protected_size_
@@ -517,36 +337,4 @@ class TangramRadixCache(RadixCache):
     def check_integrity(self) -> None:
         """Every node's segment is alive (in device pages or the host tier's) and continues its
         parent's chain; a host node's children are host nodes; sizes and host pages add up."""
-        total = protected = host_tokens = 0
-        held_host = []
-        for node in self._nodes():
-            if node.on_host:
-                if node.seg is not None:
-                    raise AssertionError(f"node {node.id}: on the host tier and the device at once")
-                seg = node.host
-                held_host.append(seg)
-                host_tokens += len(node.tokens)
-            else:
-                seg = self.store.segment(node.seg.seg_id)
-                if node.parent is not self.root_node and node.parent.on_host:
-                    raise AssertionError(f"node {node.id}: on the device below a host node")
-            if not (len(node.tokens) == node.value.numel() == seg.num_tokens):
-                raise AssertionError(f"node {node.id}: {len(node.tokens)} tokens, {node.value.numel()} ids, "
-                                     f"segment of {seg.num_tokens}")
-            start = node.parent.geom.end_slots if node.parent is not self.root_node else np.zeros_like(seg.start_slots)
-            if not np.array_equal(seg.start_slots, start):
-                raise AssertionError(f"node {node.id}: segment does not continue its parent's chain")
-            if node.lock_ref < 0:
-                raise AssertionError(f"node {node.id}: negative lock_ref")
-            total += len(node.tokens)
-            protected += len(node.tokens) if node.lock_ref > 0 else 0
-        if total != self.evictable_size_ + self.protected_size_ or protected != self.protected_size_:
-            raise AssertionError(f"tree sizes: {total} tokens ({protected} locked) but evictable="
-                                 f"{self.evictable_size_} protected={self.protected_size_}")
-        if host_tokens != self.host_tokens_:
-            raise AssertionError(f"host tier: {host_tokens} tokens in host nodes, {self.host_tokens_} counted")
-        self.store.check_host(held_host)
-        self.sessions.check(list(self._nodes()), self.root_node)
-        tree_segs = {n.seg.seg_id for n in self._nodes() if not n.on_host}
-        if tree_segs != self.store.segment_ids():
-            raise AssertionError(f"segments outside the tree: {sorted(self.store.segment_ids() - tree_segs)[:5]}")
+        check_tree(self)

@@ -84,11 +84,12 @@ def test_the_check_sees_a_wrong_session_count():
         d.tree.check_integrity()
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_session_soak_integrity_and_full_release(seed):
-    """Random turns of 6 sessions with ids, closes and re-opens, aborts, retractions and evictions:
-    integrity (session references included) after every operation, every page back after a flush."""
-    d = Driver(seed, sessions=True)
+@pytest.mark.parametrize("seed,host_ratio", [(0, 0.0), (1, 0.0), (2, 0.5)])
+def test_session_soak_integrity_and_full_release(seed, host_ratio):
+    """Random turns of 6 sessions with ids, closes and re-opens, aborts, retractions and evictions (with
+    host_ratio, a compressed host tier too): integrity (session references included) after every operation,
+    every page back after a flush."""
+    d = Driver(seed, sessions=True, host_ratio=host_ratio)
     rng = random.Random(100 + seed)
     closed = 0
     for _ in range(8):
@@ -104,6 +105,10 @@ def test_session_soak_integrity_and_full_release(seed):
     assert any(n.sessions for n in d.tree._nodes()) or not d.tree.sessions.frontiers
     for req in list(d.running.values()):
         d.release(req, checkpoint=False)
+    if host_ratio:
+        assert d.serving.counters.loaded_tokens > 0 and any(n.sessions for n in d.tree._nodes() if n.on_host)
     d.tree.evict(EvictParams(num_tokens=10**9))
     d.check()
     assert d.serving.cache.usage().free == d.serving.cache.spec.num_pages
+    if host_ratio:
+        assert d.serving.host.pages.num_free == d.serving.host.pages.num_pages
