@@ -15,19 +15,20 @@ import time
 class HostTierTree:
     def load_back(self, node) -> bool:
         """Load the host segments on the path root -> node into device pages, top down, evicting
-        (offloading) unlocked leaves for their room; the caller holds a lock on node. False when
-        the room is not there: what was loaded stays loaded, and the request waits."""
+        (offloading) unlocked leaves for the pages they lack, in one pass; the caller holds a lock on
+        node. False (nothing loaded) when that room is not there: the request waits."""
         path = []
         while node is not self.root_node and node.on_host:
             path.append(node)
             node = node.parent
+        short = sum(n.host.num_pages for n in path) - self.store.available_pages
+        if short > 0 and not self.evict_pages(short, "load"):
+            self.store.count("load_waits")
+            return False
         for n in reversed(path):
             seg = self.store.load(n.host)
-            if seg is None and self.evict_pages(n.host.num_pages, "load"):
-                seg = self.store.load(n.host)
-            if seg is None:
-                self.store.count("load_waits")
-                return False
+            if seg is None:   # the room was made above and nothing took it: a broken invariant
+                raise AssertionError(f"host node {n.id}: {n.host.num_pages} pages not available after eviction")
             self.host_tokens_ -= len(n.tokens)
             n.host, n.seg = None, seg
             self._update_leaf_status(n)
