@@ -4,9 +4,8 @@ Run ``python -m benchmarks.fidelity.run``; the answers it records and the code v
 live in benchmarks/results/fidelity/.
 """
 
-from benchmarks.fidelity.runners import chunk_schedule, position_schedule
 from benchmarks.fidelity.settings import base_setting
 from benchmarks.fidelity.store import RunStore
 from benchmarks.fidelity.versions import code_version, oracle_files
 
-__all__ = ["RunStore", "base_setting", "chunk_schedule", "code_version", "oracle_files", "position_schedule"]
+__all__ = ["RunStore", "base_setting", "code_version", "oracle_files"]

@@ -17,35 +17,39 @@ from __future__ import annotations
 
 import numpy as np
 
-from tangram_sglang.method.chunks import extend_schedule
-from tangram_sglang.method.protection import Protection, chunk_protection, min_keep
+from tangram_sglang.method.chunks import Markers, cut_tokens, reusable_prefix
+from tangram_sglang.method.protection import Protection, min_keep
 from tangram_sglang.pool import RaggedKVCache
 from tangram_sglang.serving.context import chunk_size_of
 
 PAGE_SIZE = 16   # the ragged pool's page (tangram_sglang/sglang/memory.py)
 
 
-def held_share(profile, ratio: float, turn_ends: list[int], answer_tokens: int, *, page_size: int = PAGE_SIZE,
+def held_share(profile, ratio: float, turns: list, answer_tokens: int, *, page_size: int = PAGE_SIZE,
                protection: Protection = Protection(), chunk: int | None = None, kv_dtype: str = "float32",
-               model_value_bytes: int = 4) -> float:
+               model_value_bytes: int = 4, markers: Markers | None = None) -> float:
     """Pool bytes held for the conversation over full-KV bytes of the tokens whose KV it holds.
 
-    turn_ends: cumulative prompt length of each turn (each extends the one before by the previous
-    turn's generated token and the next user message); answer_tokens: tokens generated at the last.
-    kv_dtype: the pool's storage type (PoolSpec dtype); full KV is in the model's type
-    (model_value_bytes per value: float32 on a CPU).
+    turns: each turn's prompt (token ids; each extends the one before by the previous turn's
+    generated token and the next user message), cut by the served chunk rule (``markers``: the chat
+    template's, method/chunks.py); a turn reuses what the tree's match would (reusable_prefix).
+    answer_tokens: tokens generated at the last. kv_dtype: the pool's storage type (PoolSpec dtype);
+    full KV is in the model's type (model_value_bytes per value: float32 on a CPU).
     """
     chunk = chunk or chunk_size_of(profile)
+    turn_ends = [len(t) for t in turns]
     total = turn_ends[-1] + max(0, answer_tokens - 1)
     virtual = profile.model.num_layers * profile.select(ratio).num_groups
     cache = RaggedKVCache.from_profile(profile, page_size=page_size, ratio=ratio, dtype=kv_dtype,  # room for any layout
-                                       num_pages=virtual * (-(-total // page_size) + 2 * len(turn_ends) + 8))
-    chain, cached = [], 0
-    for turn, end in enumerate(turn_ends):
-        generated = answer_tokens if turn == len(turn_ends) - 1 else 1
-        new = end - cached
-        sched = extend_schedule(min(new, chunk), new, chunk)
-        protect = chunk_protection(protection, cached, sched, end)
+                                       num_pages=virtual * (-(-total // page_size) + 4 * len(turn_ends) + 8))
+    chain, cached, before = [], 0, None
+    for turn, ids in enumerate(turns):
+        generated = answer_tokens if turn == len(turns) - 1 else 1
+        cut = cut_tokens(ids, chunk, protection, markers)
+        if before is not None:   # the tree keeps the previous prompt's segments (its generated token is not in ids)
+            cached = reusable_prefix(before, cut, min(cached, len(ids) - 1))
+            chain = _chain_up_to(cache, chain, cached)
+        sched, protect = cut.after(cached)
         rid = f"turn{turn}"
         if cache.admit(rid, chunk_tokens=sched, decode_tokens=generated, prefix=chain,
                        min_keep=min_keep(protect)) is None:
@@ -59,7 +63,7 @@ def held_share(profile, ratio: float, turn_ends: list[int], answer_tokens: int, 
         chain += cache.publish(rid, include_tail=True)
         cache.release(rid)
         cache.check_integrity()
-        cached = end + generated - 1
+        cached, before = len(ids), cut
     for seg in chain[:-1]:   # sliding-window layers: what the tree keeps under pressure (the leaf: the match end)
         cache.drop_window_columns(seg.seg_id, chain[-1].end_slots)
     cache.check_integrity()
@@ -68,8 +72,21 @@ def held_share(profile, ratio: float, turn_ends: list[int], answer_tokens: int, 
     return pages * cache.spec.page_size_bytes / (total * full)
 
 
+def _chain_up_to(cache, chain: list, tokens: int) -> list:
+    """The chain's segments covering its first ``tokens`` tokens (an uncompressed one split where they end)."""
+    out, pos = [], 0
+    for seg in chain:
+        if pos + seg.num_tokens > tokens:
+            if pos < tokens:
+                out.append(cache.store.split(seg.seg_id, tokens - pos)[0])
+            break
+        out.append(seg)
+        pos += seg.num_tokens
+    return out
+
+
 def mean_held_share(profile, ratio: float, conversations, answers: dict[str, int], **kw) -> float | None:
     """Mean over the conversations with a recorded answer (answers: id -> answer tokens)."""
-    shares = [held_share(profile, ratio, [len(t) for t in c.turns], answers[c.id], **kw)
+    shares = [held_share(profile, ratio, list(c.turns), answers[c.id], **kw)
               for c in conversations if c.id in answers]
     return float(np.mean(shares)) if shares else None

@@ -18,9 +18,9 @@ Same conversations (benchmarks/fidelity/tasks.py) and token ids for every settin
               prefill, the final question and answer uncompressed; X in snapkv, adakv-snapkv, kvzip, ...
   X+fp8_e4m3  (--kv-cache-dtype) the setting with its KV stored in that type: the server's flag, the
               oracle storing its cache so (stock SGLang 0.5.23 refuses FP8 KV on a CPU without Intel AMX)
-  X~position  (--chunking position, an experiment on the oracle settings) chunks fixed by sequence
-              position over the whole prompt, each partial chunk kept whole until later turns complete it,
-              instead of each turn's new tokens chunked as they arrive (what serving does)
+  X~position  (--chunking position, an experiment on the oracle settings) the chunk rule without the chat
+              template's message markers: chunks fixed by position over the whole prompt, the trailing
+              partial chunk kept whole, instead of chunks restarting at each message (what serving does)
 Intermediate turns are sent with max_new_tokens=1 (their reply is the task's fixed text, so the next
 prompt extends this one and the server reuses it); the last turn is answered greedily.
 
@@ -76,9 +76,9 @@ def parse(argv=None):
     ap.add_argument("--protect", default="4,64", help="oracle settings: SINKS,NEWEST protected tokens (a "
                     "candidate other than the served 4,64 is recorded as setting@SINKS,NEWEST)")
     ap.add_argument("--chunking", choices=("turn", "position"), default="turn",
-                    help="oracle settings: turn = each turn's new tokens chunked as served; position = an "
-                    "experiment: chunks fixed by position over the whole prompt, the trailing partial chunk kept "
-                    "whole (recorded as setting~position)")
+                    help="oracle settings: turn = the served chunk rule (chunks from each message start of the chat "
+                    "template); position = an experiment: the rule without message markers (recorded as "
+                    "setting~position)")
     ap.add_argument("--runs", default=RUNS, help="recorded answers (fidelity_versions.json is read beside them)")
     ap.add_argument("--out-dir", default=os.path.join(RESULTS, "fidelity"))
     ap.add_argument("--report-only", action="store_true")

@@ -17,23 +17,10 @@ from benchmarks.fidelity.settings import CHUNK, KVPRESS, ORACLE, PROFILES, base_
 from benchmarks.fidelity.store import RunStore, digest
 from benchmarks.fidelity.tasks import Conversation
 from benchmarks.fidelity.versions import KVPRESS_FILES
-from tangram_sglang.method.chunks import split_tokens, turn_schedule
+from tangram_sglang.method.chat_markers import detect_markers
 
 KVPRESS_RUNNER = KVPRESS_FILES[0]
 log = logger("fidelity")
-
-
-def position_schedule(conv: Conversation, chunk: int = CHUNK) -> tuple[list[int], int]:
-    """--chunking position (an oracle experiment, not what the server does): chunks fixed by sequence
-    position over the final prompt, [C, C, ..., rest], as if each turn's partial chunk waited uncompressed
-    until later turns completed it. Returns (chunk sizes, length of the trailing partial chunk: the tokens
-    kept whole, 0 when the prompt ends on a chunk boundary)."""
-    return split_tokens(len(conv.prompt), chunk), len(conv.prompt) % chunk
-
-
-def chunk_schedule(conv: Conversation, chunk: int = CHUNK) -> list[int]:
-    """Compression chunks as served one request at a time: each turn's new tokens in [C, C, ..., rest]."""
-    return turn_schedule([len(ids) for ids in conv.turns], chunk)
 
 
 # -- servers ----------------------------------------------------------------------------------------
@@ -109,17 +96,17 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
     lm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     stop = {int(t) for t in ([lm.config.eos_token_id] if isinstance(lm.config.eos_token_id, int)
                              else lm.config.eos_token_id or [])}
-    stop |= {int(AutoTokenizer.from_pretrained(model_path).eos_token_id)}
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    stop |= {int(tokenizer.eos_token_id)}
+    # cut as the server cuts (method/chunks.py): at the chat template's message starts, or, with
+    # --chunking position, as one message (aligned chunks from 0, the tail kept whole)
+    markers = None if args.chunking == "position" else detect_markers(tokenizer)
     for i, conv in enumerate(convs):
         t0 = time.perf_counter()
-        chunks, ends, protect = chunk_schedule(conv), [len(t) for t in conv.turns], Protection(*args.protect)
-        if args.chunking == "position":
-            chunks, partial = position_schedule(conv)
-            ends, protect = [], Protection(protect.sinks, max(protect.newest, partial))
         run = reference_run(lm, entry, heads_per_group=prof.heads_per_group, method=scorer,
-                            prompt_ids=conv.prompt, max_new_tokens=args.max_new_tokens,
-                            chunk_tokens=chunks, stop_ids=stop, selection=selection,
-                            turn_ends=ends, protection=protect, kv_dtype=kv_dtype)
+                            prompt_ids=conv.prompt, max_new_tokens=args.max_new_tokens, chunk_size=CHUNK,
+                            stop_ids=stop, selection=selection, protection=Protection(*args.protect),
+                            kv_dtype=kv_dtype, markers=markers)
         ids = run.tokens[:-1] if run.tokens and run.tokens[-1] in stop else run.tokens
         hist = conv.history_len
         kept = float(torch.stack([k[:, :hist].float().mean() for k in run.kept]).mean())

@@ -1,24 +1,25 @@
-"""Tokens no head ever drops: attention sinks and the newest tokens of each prompt.
+"""Tokens no head ever drops: attention sinks and the newest tokens of each closed message.
 
 Compression happens chunk by chunk while a prompt is prefilled, before the model
 answers it. Two kinds of tokens must survive whatever the scorer says:
 
 * sinks: the first ``sinks`` positions of the sequence (the chat template's
   start, where attention mass pools);
-* newest: the last ``newest`` tokens of each request's prompt (the question
-  about to be answered and the assistant header). In a later turn they are
-  history like any other token, kept as they were.
+* newest: the last ``newest`` tokens of each closed message (method/chunks.py: the
+  question a turn asked, with its end marker). In later turns they stay kept.
 
 Protected tokens are kept by every head and counted in its budget: a head of
 group g keeps max(keep_count(beta_g, n), protected in the chunk) slots, and the
 pool reserves exactly that (reservation.chunk_slot_counts' ``min_keep``). The scores of protected
-positions are raised by attention.selection.protect_scores.
+positions are raised by attention.selection.protect_scores. A chunk whose every token is
+protected is kept whole (the chunk rule's full chunks: an assistant's message, an open tail).
 
 In a chunk of n tokens the protected positions are always a leading run (sinks)
-and a trailing run (newest): ``chunk_protection`` returns (lead, trail) per
-chunk. Worked example, sinks 4, newest 64, a prompt of 600 tokens in chunks
-[512, 88] from position 0: chunk 0 -> (4, 0), chunk 1 -> (0, 64); the same
-prompt after a cached prefix of 520 tokens, one chunk of 80 -> (0, 64).
+and a trailing run (newest): (lead, trail) per chunk. ``chunk_protection`` gives
+them for chunks of one prompt whose newest tokens end at prompt_end (the oracle's
+explicit-chunk mode); the served cut is method/chunks.cut_tokens. Worked example,
+sinks 4, newest 64, a prompt of 600 tokens in chunks [512, 88] from position 0:
+chunk 0 -> (4, 0), chunk 1 -> (0, 64).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tangram_sglang.method.chunks import split_tokens
+from tangram_sglang.method.chunks import Cut, Markers, cut_tokens, split_tokens
 from tangram_sglang.method.protection import Protection, chunk_protection
 from tangram_sglang.oracle.architecture import DenseDecoder
 from tangram_sglang.oracle.selection import (  # noqa: F401  (re-exported: the oracle's public names)
@@ -161,7 +161,8 @@ class _DenseTangram:
     """The model run layer by layer with per-head kept masks (see module docstring)."""
 
     def __init__(self, model, entry, heads_per_group: int, method: str, selection=None,
-                 protection: Protection = Protection(), turn_ends: tuple[int, ...] = (), kv_dtype=None):
+                 protection: Protection = Protection(), turn_ends: tuple[int, ...] = (), kv_dtype=None,
+                 cut: Cut | None = None):
         self.model = model
         self.arch = DenseDecoder(model)
         self.num_q, self.num_kv, self.head_dim = self.arch.num_q, self.arch.num_kv, self.arch.head_dim
@@ -170,6 +171,9 @@ class _DenseTangram:
         self.entry = entry
         self.selection = selection or ProfileSelection(entry)
         self.protection, self.turn_ends = protection, sorted(turn_ends)
+        # the rule's protected runs by chunk start (None: the legacy turn_ends rule, for explicit chunk_tokens)
+        self.cut_protect = None if cut is None else dict(zip(cut.starts.tolist(), zip(cut.lead.tolist(),
+                                                                                     cut.trail.tolist())))
         self.scorer = method if isinstance(method, Scorer) else get_scorer(method)
         if self.scorer.needs_reconstruction and any(self.arch.windows):
             raise ValueError("a reconstruction scorer reads every cached slot: not with sliding-window layers")
@@ -205,8 +209,11 @@ class _DenseTangram:
         if torch.isnan(scores).any():
             raise ValueError("scorer returned NaN")
         n = scores.shape[1]
-        prompt_end = next((t for t in self.turn_ends if t >= start + n), start + n)
-        protect = chunk_protection(self.protection, start, [n], prompt_end)
+        if self.cut_protect is not None:
+            protect = [self.cut_protect[start]]
+        else:
+            prompt_end = next((t for t in self.turn_ends if t >= start + n), start + n)
+            protect = chunk_protection(self.protection, start, [n], prompt_end)
         scores = protect_scores(scores.float().clone()[None], [n], protect)[0]
         if getattr(self.selection, "scope", "layer") == "model":
             self.pending[layer] = scores
@@ -302,8 +309,13 @@ class _DenseTangram:
 def reference_run(model, entry, *, heads_per_group: int, method: str, prompt_ids: list[int],
                   max_new_tokens: int, chunk_tokens: list[int] | None = None, chunk_size: int = 512,
                   stop_ids: set[int] | frozenset = frozenset(), selection=None,
-                  protection: Protection = Protection(), turn_ends=None, kv_dtype=None) -> ReferenceRun:
+                  protection: Protection = Protection(), turn_ends=None, kv_dtype=None,
+                  markers: Markers | None = None) -> ReferenceRun:
     """reference_generate, also returning the kept masks and chunk bounds (see ReferenceRun).
+
+    Chunks and protected tokens: the served rule (method/chunks.cut_tokens over prompt_ids with
+    chunk_size, protection and a chat template's markers) unless chunk_tokens are given; then those
+    chunks, with the newest tokens of each turn protected (turn_ends below).
 
     selection: ProfileSelection(entry) (the default: what the server does), DynamicSelection
     or UniformSelection. protection: sinks and newest prompt tokens every head keeps (as served).
@@ -313,9 +325,10 @@ def reference_run(model, entry, *, heads_per_group: int, method: str, prompt_ids
     """
     if not prompt_ids:
         raise ValueError("prompt_ids is empty")
-    chunks = chunk_bounds(len(prompt_ids), chunk_tokens, chunk_size)
+    cut = None if chunk_tokens is not None else cut_tokens(prompt_ids, chunk_size, protection, markers)
+    chunks = chunk_bounds(len(prompt_ids), chunk_tokens if cut is None else (cut.ends - cut.starts).tolist())
     ends = tuple(turn_ends or ()) + (len(prompt_ids),)
-    run = _DenseTangram(model, entry, heads_per_group, method, selection, protection, ends, kv_dtype)
+    run = _DenseTangram(model, entry, heads_per_group, method, selection, protection, ends, kv_dtype, cut)
     for s, e in chunks:
         logits = run.forward(prompt_ids[s:e], s, compress=True)
     prompt_logits, tokens = logits, []
@@ -332,16 +345,18 @@ def reference_run(model, entry, *, heads_per_group: int, method: str, prompt_ids
 def reference_generate(model, entry, *, heads_per_group: int, method: str, prompt_ids: list[int],
                        max_new_tokens: int, chunk_tokens: list[int] | None = None,
                        chunk_size: int = 512, stop_ids: set[int] | frozenset = frozenset(),
-                       protection: Protection = Protection(), turn_ends=None, kv_dtype=None) -> list[int]:
+                       protection: Protection = Protection(), turn_ends=None, kv_dtype=None,
+                       markers: Markers | None = None) -> list[int]:
     """Greedy tokens the server must produce for this prompt (float32).
 
     model: HF LlamaForCausalLM / Qwen2ForCausalLM, float32, eval. entry: a
     profile RatioEntry (budgets [L, H], groups, group_budget beta [L, G]).
     method: scorer name (scorers.get_scorer) or a Scorer (e.g. profile_scorer's). The prompt is compressed in
-    chunks of chunk_tokens (summing to len(prompt_ids)) or of chunk_size,
-    keeping the protected tokens (reference_run). Stops after max_new_tokens
+    chunks of chunk_tokens (summing to len(prompt_ids)) or as the server cuts it (chunk_size,
+    markers), keeping the protected tokens (reference_run). Stops after max_new_tokens
     or at a token in stop_ids (included).
     """
     return reference_run(model, entry, heads_per_group=heads_per_group, method=method, prompt_ids=prompt_ids,
                          max_new_tokens=max_new_tokens, chunk_tokens=chunk_tokens, chunk_size=chunk_size,
-                         stop_ids=stop_ids, protection=protection, turn_ends=turn_ends, kv_dtype=kv_dtype).tokens
+                         stop_ids=stop_ids, protection=protection, turn_ends=turn_ends, kv_dtype=kv_dtype,
+                         markers=markers).tokens

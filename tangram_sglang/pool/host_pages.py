@@ -32,6 +32,7 @@ class HostSegment:
     end_slots: np.ndarray     # int64 [V]
     page_counts: np.ndarray   # int64 [V]
     page_ids: np.ndarray      # int32 host page ids
+    protected: int = 0        # as Segment.protected
 
     @property
     def num_pages(self) -> int:
@@ -66,7 +67,8 @@ class HostPages:
             raise PoolError(f"a segment of {seg.num_pages} pages kept in {host_ids.size} host pages")
         return HostSegment(num_tokens=seg.num_tokens, compressed=seg.compressed,
                            start_slots=seg.start_slots.copy(), end_slots=seg.end_slots.copy(),
-                           page_counts=seg.page_counts.copy(), page_ids=np.asarray(host_ids, np.int32).copy())
+                           page_counts=seg.page_counts.copy(), page_ids=np.asarray(host_ids, np.int32).copy(),
+                           protected=seg.protected)
 
     def release(self, hseg: HostSegment) -> int:
         """Drop the segment's references; returns the pages this freed."""

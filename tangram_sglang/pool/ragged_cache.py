@@ -336,20 +336,23 @@ class RaggedKVCache:
         uncompressed segment). The request keeps running and keeps its own references."""
         req = self._req(rid)
         pub = req.published
-        spans = [(req.chunk_ends[i], req.plan.chunk_tokens[i], True) for i in range(pub.chunks, len(req.chunk_ends))]
+        # a chunk kept whole (every token protected: the chunk rule's full chunks) is uncompressed:
+        # one slot per token in order, so the tree may split it like generated tokens
+        spans = [(req.chunk_ends[i], req.plan.chunk_tokens[i], not req.plan.full[i], int(req.plan.min_keep[i]))
+                 for i in range(pub.chunks, len(req.chunk_ends))]
         if include_tail and req.prefill_done:
             tail_start = spans[-1][0] if spans else pub.end
             decoded = req.pages.lens - tail_start  # one slot per generated token in every v
             if decoded.max(initial=0) > 0:
-                spans.append((req.pages.lens.copy(), int(decoded.max()), False))
+                spans.append((req.pages.lens.copy(), int(decoded.max()), False, 0))
         segs, start = [], pub.end
-        for end, ntok, compressed in spans:
+        for end, ntok, compressed, protected in spans:
             first, stop = page_columns(start, end, self.spec.page_size)
             counts, ids = req.pages.pages_from(first, stop)
             if self.window_rows.size:  # leave out window columns no match at or after end reads
                 ids = self._before_window(ids, counts, first, end)
-            segs.append(self.store.add(num_tokens=ntok, compressed=compressed, start=start,
-                                       end=end, page_counts=counts, page_ids=ids))
+            segs.append(self.store.add(num_tokens=ntok, compressed=compressed, start=start, end=end,
+                                       page_counts=counts, page_ids=ids, protected=protected if compressed else 0))
             start = end
         pub.chunks, pub.end = len(req.chunk_ends), np.asarray(start, dtype=np.int64).copy()
         return segs

@@ -50,6 +50,12 @@ class ReservationPlan:
     prefill_slots: np.ndarray     # [V]
     prefill_pages: np.ndarray     # [V]
     decode_pages: np.ndarray      # [V]
+    min_keep: np.ndarray          # int64 [C] protected tokens of each chunk
+
+    @property
+    def full(self) -> np.ndarray:
+        """bool [C]: every token of the chunk protected (kept whole, in order)."""
+        return self.min_keep == np.asarray(self.chunk_tokens, np.int64)
 
     @property
     def pages(self) -> np.ndarray:
@@ -100,9 +106,11 @@ def plan_reservation(beta: np.ndarray, chunk_tokens, *, page_size: int, decode_t
     in_place = np.zeros(num_v, bool) if extend_in_place is None else np.asarray(extend_in_place, bool)
     shared = np.where(in_place, _ceil_div(prefix, page_size), prefix // page_size)
     slots = chunk_slot_counts(beta, chunk_tokens, min_keep)
+    floor = np.zeros(len(chunk_tokens), np.int64) if min_keep is None else np.asarray(min_keep, np.int64).reshape(-1)
     prefill = prefix + slots.sum(axis=0)
     prefill_pages = _ceil_div(prefill, page_size) - shared
     decode_pages = _ceil_div(prefill + decode_tokens, page_size) - _ceil_div(prefill, page_size)
     return ReservationPlan(page_size=page_size, chunk_tokens=chunk_tokens, decode_tokens=int(decode_tokens),
                            prefix_slots=prefix, shared_pages=shared, chunk_slots=slots,
-                           prefill_slots=prefill, prefill_pages=prefill_pages, decode_pages=decode_pages)
+                           prefill_slots=prefill, prefill_pages=prefill_pages, decode_pages=decode_pages,
+                           min_keep=floor)

@@ -43,6 +43,7 @@ class Segment:
     end_slots: np.ndarray     # int64 [V]
     page_counts: np.ndarray   # int64 [V]
     page_ids: np.ndarray      # int32 [sum(page_counts)], ordered by v
+    protected: int = 0        # tokens every head keeps (a compressed chunk's sinks and newest: the chunk rule's)
 
     def first_columns(self, page_size: int) -> np.ndarray:
         return self.start_slots // page_size
@@ -106,12 +107,12 @@ class SegmentStore:
         self.pages_held = 0
 
     def add(self, *, num_tokens: int, compressed: bool, start: np.ndarray, end: np.ndarray,
-            page_counts: np.ndarray, page_ids: np.ndarray) -> Segment:
+            page_counts: np.ndarray, page_ids: np.ndarray, protected: int = 0) -> Segment:
         """Register a segment over pages someone already holds; takes its own references."""
         seg = Segment(seg_id=next(self._ids), num_tokens=int(num_tokens), compressed=compressed,
                       start_slots=np.asarray(start, np.int64).copy(), end_slots=np.asarray(end, np.int64).copy(),
                       page_counts=np.asarray(page_counts, np.int64).copy(),
-                      page_ids=np.asarray(page_ids, np.int32).copy())
+                      page_ids=np.asarray(page_ids, np.int32).copy(), protected=int(protected))
         live = seg.page_ids[seg.page_ids >= 0]
         self.pool.incref(live)
         self.segments[seg.seg_id] = seg

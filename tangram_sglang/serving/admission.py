@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tangram_sglang.method.chunks import extend_schedule
-from tangram_sglang.method.protection import chunk_protection, min_keep
+from tangram_sglang.method.chunks import cut_tokens
+from tangram_sglang.method.protection import min_keep
 from tangram_sglang.pool import RaggedKVCache
 from tangram_sglang.pool.reservation import plan_reservation
 from tangram_sglang.pool.spec import RequestTooLargeError
@@ -78,27 +78,31 @@ class AdmissionControl:
         self.evict: Callable[[int, str], bool] = _never_evicts  # the radix tree's evict_pages, once it exists
         self._max_prompt: int | None = None
 
-    def pages_alone(self, prompt_tokens: int, decode_tokens: int, beta: np.ndarray | None = None) -> int:
-        """Pages a request needs with the pool to itself: no prefix, its prompt compressed (at beta
-        [L, G], a request's own ratio; default the served one)."""
+    def pages_alone(self, prompt, decode_tokens: int, beta: np.ndarray | None = None) -> int:
+        """Pages a request needs with the pool to itself: no prefix, its prompt cut by the chunk rule and
+        compressed (at beta [L, G], a request's own ratio; default the served one). prompt: its tokens
+        (int [T]), or a length (then cut as one message: complete chunks compressed, the tail kept whole)."""
         ctx = self.context
         V = ctx.spec.num_virtual
-        sched = extend_schedule(min(prompt_tokens, ctx.chunk), prompt_tokens, ctx.chunk)
-        floor = min_keep(chunk_protection(ctx.protection, 0, sched, prompt_tokens))
+        tokens = np.zeros(int(prompt), np.int64) if np.ndim(prompt) == 0 else np.asarray(prompt, np.int64)
         beta = self.cache.beta if beta is None else np.ravel(beta)
+        cut = cut_tokens(tokens, ctx.chunk, ctx.protection, None if np.ndim(prompt) == 0 else ctx.markers,
+                         keep_all=bool(np.all(beta >= 1.0)))
+        sched, protect = cut.after(0)
         plan = plan_reservation(beta, sched, page_size=ctx.spec.page_size, decode_tokens=decode_tokens,
                                 prefix_slots=np.zeros(V, np.int64), extend_in_place=np.zeros(V, bool),
-                                min_keep=floor)
+                                min_keep=min_keep(protect))
         return plan.total_pages
 
-    def never_fits(self, prompt_tokens: int, beta: np.ndarray | None = None) -> str | None:
-        """Why a prompt can never be served by this pool (None if it can): no prefix, one decode token."""
-        if prompt_tokens <= 0:  # stock SGLang crashes its scheduler on it (0.5.23, CPU): refuse it
+    def never_fits(self, prompt, beta: np.ndarray | None = None) -> str | None:
+        """Why a prompt (its tokens) can never be served by this pool (None if it can): no prefix, one decode token."""
+        num_tokens = int(np.size(prompt))
+        if num_tokens <= 0:  # stock SGLang crashes its scheduler on it (0.5.23, CPU): refuse it
             return "Tangram: the prompt is empty; send at least one token"
         pages = self.context.spec.num_pages
-        need = self.pages_alone(prompt_tokens, 1, beta)
+        need = self.pages_alone(prompt, 1, beta)
         if need > pages:
-            return (f"Tangram: the prompt of {prompt_tokens} tokens needs {need} pages of the "
+            return (f"Tangram: the prompt of {num_tokens} tokens needs {need} pages of the "
                     f"ragged KV pool after compression, but the whole pool has {pages}; "
                     "it can never be served (shorten it or serve with a larger pool)")
         return None

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from tangram_sglang.attention import build_layer_metas, make_split_rows
+from tangram_sglang.method.chunks import Cut, Markers, cut_tokens
 from tangram_sglang.method.grouping import group_budgets
 from tangram_sglang.method.protection import Protection
 from tangram_sglang.pool.spec import PoolSpec
@@ -67,6 +68,13 @@ class ServingContext:
     metas: list                    # per layer: attention.LayerMeta
     split_rows: list               # per layer: attention.SplitRow
     ratio_budgets: dict            # every ratio of the profile -> beta float64 [L, G] in the served groups
+    markers: Markers | None = None  # the chat template's message markers (method/chunks.py)
+
+    def cut(self, tokens, whole: bool = True, ratio: float | None = None) -> Cut:
+        """The chunks and protected tokens a sequence is kept in at ``ratio`` (None: the served one;
+        method/chunks.cut_tokens; whole=False: the start of a sequence not known further)."""
+        keep_all = bool(np.all(self.budgets_for(ratio) >= 1.0))
+        return cut_tokens(tokens, self.chunk, self.protection, self.markers, whole=whole, keep_all=keep_all)
 
     def budgets_for(self, ratio: float | None) -> np.ndarray:
         """beta [L, G] a request asking for ``ratio`` (None: the served one) is planned and compressed
@@ -91,7 +99,8 @@ class ServingContext:
 def build_context(loaded: LoadedProfile, hf_config, *, stock_tokens: int, dtype: torch.dtype, device,
                   page_size: int, num_q_heads: int, tp_size: int = 1, tp_rank: int = 0,
                   data_plane: str = "torch", chunk: int | None = None,
-                  protection: Protection = Protection(), kv_scales=None) -> ServingContext:
+                  protection: Protection = Protection(), kv_scales=None,
+                  markers: Markers | None = None) -> ServingContext:
     """Size the ragged pool from the bytes stock SGLang would give its KV cache (one rank's:
     num_q_heads and the KV heads are the rank's share; tensor_parallel.rank_view). Raises
     ProfileError when the profile was not made for this model. dtype: the KV cache's (an FP8
@@ -121,7 +130,7 @@ def build_context(loaded: LoadedProfile, hf_config, *, stock_tokens: int, dtype:
                           scorer=scorer, spec=spec, stock_tokens=int(stock_tokens), full_kv_token_bytes=token_bytes,
                           data_plane=data_plane, device=device, metas=metas,
                           split_rows=make_split_rows(entry.split_map, device=device),
-                          ratio_budgets=ratio_budgets(view, entry))
+                          ratio_budgets=ratio_budgets(view, entry), markers=markers)
 
 
 def ratio_budgets(view: TangramProfile, served: RatioEntry) -> dict:

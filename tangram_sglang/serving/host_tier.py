@@ -64,7 +64,8 @@ class HostTier:
         self.data.k_pages[dst] = self.k[src].to(self.data.k_pages.device)
         self.data.v_pages[dst] = self.v[src].to(self.data.v_pages.device)
         seg = cache.store.add(num_tokens=hseg.num_tokens, compressed=hseg.compressed, start=hseg.start_slots,
-                              end=hseg.end_slots, page_counts=hseg.page_counts, page_ids=dev_ids)
+                              end=hseg.end_slots, page_counts=hseg.page_counts, page_ids=dev_ids,
+                              protected=hseg.protected)
         cache.pool.decref(dev_ids)   # the segment's reference is now the only one
         self.pages.release(hseg)
         return seg

@@ -27,8 +27,6 @@ import torch
 
 from tangram_sglang.attention.compression import ChunkPlan
 from tangram_sglang.attention.page_data import KVPageData
-from tangram_sglang.method.chunks import extend_schedule
-from tangram_sglang.method.protection import chunk_protection
 from tangram_sglang.pool import RaggedKVCache
 from tangram_sglang.pool.batch_memo import BatchMemo
 from tangram_sglang.pool.block_table import chunk_slots_reference
@@ -74,7 +72,7 @@ class TangramServing:
         self.tables = DeviceBlockTables(spec.num_layers, spec.num_groups, spec.page_size, context.device)
         self.counters = PoolCounters()
         self.admission = AdmissionControl(context, self.cache, self.counters)
-        self.tree_store = TreeStore(self.cache, self.counters, self.release, self.host)
+        self.tree_store = TreeStore(self.cache, self.counters, self.release, self.host, cut=context.cut)
         self.requests: dict[str, RequestState] = {}
         self.row_to_rid: dict[int, str] = {}
         self.decode_rows = BatchMemo()  # SGLang rows of the last decode batch; changed() at any (re)binding
@@ -93,16 +91,25 @@ class TangramServing:
         return self.context.chunk
 
     # -- requests -------------------------------------------------------------------------------
-    def admit(self, rid: str, *, prefix_chain, prefix_tokens: int, node, first: int, total: int,
-              decode_tokens: int, ratio: float | None = None) -> bool:
-        """Reserve exactly the pages of this request (evicting unlocked tree leaves if needed), its
-        chunks compressed at ``ratio`` of the profile (None: the served one; context.budgets_for).
+    def plan_chunks(self, tokens, prefix_tokens: int, ratio: float | None = None) -> tuple[list[int], list]:
+        """(sizes, protected (lead, trail)) of the compression chunks after a cached prefix of
+        ``prefix_tokens`` tokens of the sequence ``tokens`` at ``ratio``: the chunk rule's (method/chunks.py),
+        so the kept set depends on the tokens alone. The prefix must end where the tree's match may end."""
+        return self.context.cut(tokens, ratio=ratio).after(prefix_tokens)
+
+    def admit(self, rid: str, *, prefix_chain, prefix_tokens: int, node, tokens, decode_tokens: int,
+              ratio: float | None = None, planned=None) -> bool:
+        """Reserve exactly the pages of this request (evicting unlocked tree leaves if needed): the
+        sequence ``tokens`` (prefix and new tokens, int [T]) after its cached prefix, cut by the chunk
+        rule (``planned``: plan_chunks' answer, if the caller has it), compressed at ``ratio`` of the
+        profile (None: the served one; context.budgets_for).
 
         Returns False when the pages are not there even after eviction (the request waits).
         Raises RequestTooLargeError when its prefill can never fit.
         """
-        sched = extend_schedule(first, total, self.chunk)
-        protect = chunk_protection(self.context.protection, prefix_tokens, sched, prefix_tokens + total)
+        sched, protect = planned if planned is not None else self.plan_chunks(tokens, prefix_tokens, ratio)
+        if not sched:
+            raise PoolError(f"request {rid!r}: nothing after its prefix of {prefix_tokens} tokens to prefill")
         beta = None if ratio is None else self.context.budgets_for(ratio)
         adm = self.admission.reserve(rid, sched, decode_tokens, prefix_chain, protect, prefix_node=node, beta=beta)
         if adm is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 from tangram_sglang.method.protection import Protection
@@ -29,7 +30,7 @@ def served_pool(profile_path: str, device, ratio: float = 0.25, data_plane: str 
                                    dtype=torch.float32, device=device, page_size=16, num_q_heads=HQ,
                                    data_plane=data_plane, chunk=24, protection=Protection(sinks=2, newest=6))
     for rid, (row, n) in PROMPTS.items():
-        if not serving.admit(rid, prefix_chain=[], prefix_tokens=0, node=None, first=min(n, 24), total=n,
+        if not serving.admit(rid, prefix_chain=[], prefix_tokens=0, node=None, tokens=np.zeros(n, np.int64),
                              decode_tokens=8):
             raise RuntimeError(f"served_pool: request {rid} does not fit")
         serving.bind_row(rid, row)

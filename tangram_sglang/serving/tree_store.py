@@ -5,7 +5,8 @@ split, drop), each request's publication (the segments finished since the tree l
 and where its chain ends), how many pages are free after its evictions, and a way to say a
 request left; for sliding-window layers, where a match may end and a way to drop the window
 pages of a segment no match will end at; with a host tier (serving/host_tier.py), moving a segment
-to the host and back. Nothing else of the pool or the serving state reaches it.
+to the host and back; and the chunk rule (``cut``: which cached segments a sequence may reuse).
+Nothing else of the pool or the serving state reaches it.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from tangram_sglang.pool.segments import Segment
 
 
 class TreeStore:
-    def __init__(self, cache: RaggedKVCache, counters, release: Callable[[str], None], host=None):
+    def __init__(self, cache: RaggedKVCache, counters, release: Callable[[str], None], host=None,
+                 cut: Callable | None = None):
         self._cache, self._counters, self._release = cache, counters, release
         self._host = host   # HostTier, or None: no host tier
+        self.cut = cut      # tokens -> method.chunks.Cut: the chunk rule of the served context
 
     # -- publication ------------------------------------------------------------------------------
     def publish(self, rid: str, include_tail: bool) -> tuple[list[Segment], Publication] | None:

@@ -66,7 +66,8 @@ def build_serving(loaded, configurator, stock_tokens: int):
                                    dtype=pool_dtype(configurator), device=configurator.device,
                                    page_size=PAGE_SIZE, num_q_heads=mc.get_num_attention_heads(tp_size),
                                    tp_size=tp_size, tp_rank=tp_rank, data_plane=data_plane,
-                                   kv_scales=kv_scales(configurator.model, mc.num_hidden_layers))
+                                   kv_scales=kv_scales(configurator.model, mc.num_hidden_layers),
+                                   markers=chat_markers(configurator.server_args))
     spec, ctx = serving.spec, serving.context
     rank = f" (TP rank {tp_rank} of {tp_size}: its {ctx.entry.budgets.shape[1]} KV heads)" if tp_size > 1 else ""
     logger.info("Tangram pool%s: %d pages of %d slots (%d B each, %.1f MiB) = the bytes of %d full-KV tokens; "
@@ -76,6 +77,26 @@ def build_serving(loaded, configurator, stock_tokens: int):
         logger.info("Tangram host tier: %d pages (%.1f MiB of host memory, %.2fx the pool)",
                     serving.host.pages.num_pages, serving.host.bytes / 2**20, served.host_ratio)
     return serving
+
+
+def chat_markers(server_args):
+    """The chat template's message markers the chunk rule cuts at (method/chunks.py), from the served
+    tokenizer; None (one message per sequence) without a tokenizer or a template the rule can read."""
+    from tangram_sglang.method.chat_markers import detect_markers
+
+    try:   # read even with --skip-tokenizer-init: its clients still send chat-formatted ids
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(server_args.tokenizer_path or server_args.model_path,
+                                                  trust_remote_code=server_args.trust_remote_code,
+                                                  revision=server_args.revision)
+    except Exception as exc:  # the scheduler serves without markers rather than not at all
+        logger.warning("Tangram: no tokenizer for the chunk rule's message markers (%s)", exc)
+        return None
+    markers = detect_markers(tokenizer)
+    logger.info("Tangram chunk rule: %s", f"messages open at token {markers.start_ids}, the assistant's named "
+                f"by {markers.assistant}" if markers else "no chat markers (a sequence is one message)")
+    return markers
 
 
 def kv_scales(model, num_layers: int) -> list[tuple[float, float]]:

@@ -1,12 +1,14 @@
 """TangramRadixCache: SGLang's radix tree over compressed segments (``--radix-cache-backend tangram``).
 
-Every node is one pool segment: a compressed prompt chunk (atomic: its kept
-slots are not token positions, so a match takes it whole or not at all) or a
-run of uncompressed generated tokens (splittable at any token). Because
-chunking depends on where a request's cached prefix ended, two requests can
-compress the same tokens into differently cut segments; so, unlike a plain
-radix tree, a node may have several children starting with the same token,
-and a match takes the longest child that is fully usable.
+Every node is one pool segment: a compressed chunk (atomic: its kept slots are not token
+positions, so a match takes it whole or not at all) or a run of tokens kept whole (an assistant's
+message, an open message's tail, generated tokens: splittable at any token). Chunks are cut by the
+chunk rule (method/chunks.py), a function of the tokens alone, and a match takes a node only where
+it keeps what the rule keeps for the matching sequence (``Cut.usable``, over the whole sequence of
+the request that asks): so a hit is what a recompute would keep. The same tokens can still be held
+in two forms: an open message's tail kept whole, and, once a later sequence completed or closed
+that chunk, its compressed form; so, unlike a plain radix tree, a node may have several children
+starting with the same token, and a match takes the longest usable one.
 
 SGLang still sees what it expects: node.value holds one logical token id per
 token (ids from the Tangram allocator, with no KV behind them), lock
@@ -30,10 +32,11 @@ any other; the admission of the request that matched them loads them back (``loa
 reserving its chunks. Host leaves are dropped, least recently used first, when the host needs room
 (or SGLang asks for logical ids back).
 
-Worked example: request A = [sys, a] (one chunk) finished; request B = [sys, b]
-matches nothing (sys sits inside A's atomic chunk), compresses [sys, b] itself
-and becomes root's second child starting with sys's first token. B's turn 2,
-[sys, b, out_b, c], matches B's chunk and its uncompressed tail.
+Worked example (chat markers): A = [sys, user a, header] publishes sys's chunks, a's chunks and the
+header kept whole; B = [sys, user b, header] matches sys's chunks (a message is its own chunk run)
+and computes only b's; A's turn 2, [sys, a, header, reply, user c, header], matches all of A's
+nodes (the header and its reply kept whole, as the rule keeps an assistant's message) and
+computes only c's.
 """
 
 from __future__ import annotations
@@ -149,13 +152,24 @@ class TangramRadixCache(LeafEviction, HostTierTree, RadixCache):
         key = params.key
         if self.disable or len(key) == 0:
             return self._empty_match_result
-        node, pos = self._walk(key, split=True)
+        node, pos = self._walk(key, split=True, cut=self._cut(params))
         if self.store.has_windows:
             while node is not self.root_node and not self.store.window_ready(self.chain(node)):
                 pos -= len(node.tokens)
                 node = node.parent
         return MatchResult(device_prefix_len=pos, last_device_node=node, last_host_node=node,
                            best_match_node=node)
+
+    def _cut(self, params: MatchPrefixParams):
+        """The chunk rule's cut of the sequence a match serves: the asking request's whole sequence (a
+        message closes after the key's last token), or, without a request, the key as the start of an
+        unknown one (only what every continuation cuts alike is usable)."""
+        if self.store.cut is None:
+            return None
+        req = getattr(params, "req", None)
+        if req is not None:
+            return self.store.cut(req.full_untruncated_fill_ids, ratio=getattr(req, "tangram_ratio", None))
+        return self.store.cut(params.key.token_ids[: len(params.key)], whole=False)
 
     def touch_prefix(self, key: RadixKey) -> None:
         """Bump the recency of every node a match of ``key`` would use (SGLang's waiting-prefix
@@ -164,10 +178,12 @@ class TangramRadixCache(LeafEviction, HostTierTree, RadixCache):
         if not self.disable and len(key) > 0:
             self._walk(key, split=False)
 
-    def _walk(self, key: RadixKey, *, split: bool) -> tuple:
+    def _walk(self, key: RadixKey, *, split: bool, cut=None) -> tuple:
         """Follow ``key`` down the tree, touching each node used; returns (last node, tokens matched).
         With ``split``, a partly matched uncompressed node is split and its upper part counts;
-        without, it is touched but not counted."""
+        without, it is touched but not counted. With ``cut`` (method.chunks.Cut of the sequence) a node
+        counts only where it keeps what that cut keeps (``Cut.usable``): a hit is then what a recompute
+        of the sequence would keep."""
         tokens = _tokens(key.token_ids[: len(key)])
         node, pos, now = self.root_node, 0, time.monotonic()
         node.last_access_time = now
@@ -175,8 +191,11 @@ class TangramRadixCache(LeafEviction, HostTierTree, RadixCache):
             best, best_len = None, 0
             for child in node.children.get(self._child_key(key.extra_key, tokens[pos]), ()):
                 m = _common_prefix(child.tokens, tokens[pos:])
-                if child.compressed and m < child.tokens.size:
+                if child.compressed and (m < child.tokens.size or (cut is not None and not cut.usable(
+                        pos, pos + m, compressed=True, protected=child.geom.protected))):
                     continue
+                if cut is not None and not child.compressed:
+                    m = cut.usable_tokens(pos, pos + m)
                 if m > best_len:
                     best, best_len = child, m
             if best is None:
@@ -305,8 +324,8 @@ class TangramRadixCache(LeafEviction, HostTierTree, RadixCache):
         """A child holding the same tokens in the same slot layout (a chunk kept with another count,
         e.g. once as a prompt's last chunk with its newest tokens protected, is not a twin)."""
         for child in parent.children.get(self._child_key(extra_key, tokens[0]), ()):
-            if (child.compressed == seg.compressed and np.array_equal(child.tokens, tokens)
-                    and np.array_equal(child.geom.end_slots, seg.end_slots)):
+            if (child.compressed == seg.compressed and child.geom.protected == seg.protected
+                    and np.array_equal(child.tokens, tokens) and np.array_equal(child.geom.end_slots, seg.end_slots)):
                 return child
         return None
 

@@ -3,15 +3,16 @@
 SGLang decides which waiting requests join a prefill batch and how much of a
 long prompt goes into this pass (the chunked request always comes first with a
 full ``chunked_prefill_size``, later ones share what is left). A request's
-compression chunks are fixed at admission as [C, C, ..., rest] with C the
-profile's chunk, and the ragged pool reserves exactly its pages (prefix
-shared, every chunk compressed, plus SGLang's estimated decode room). Each
+compression chunks are fixed at admission by the chunk rule (method/chunks.py:
+chunks of the profile's C from each message start, a function of the tokens
+alone), and the ragged pool reserves exactly its pages (prefix shared, every
+chunk compressed, plus SGLang's estimated decode room). Each
 extend is held to a whole run of those chunks, as many as fit what SGLang gave
 the request in this pass (one, with a profile whose passes hold one chunk per
 request: TangramServing.multi_chunk), and the first chunk is never cut short
 to fill a pass: a request whose first chunk does not fit what is left of the
 pass waits for the next one. So the chunks of a prompt (and the KV kept for
-it) depend only on the prompt and its cached prefix, never on what SGLang
+it) depend only on its tokens, never on what was cached or what SGLang
 batched with it. When
 the pages are not there even after evicting unlocked tree leaves, the
 request waits (NO_TOKEN), exactly like SGLang's token budget.
@@ -45,32 +46,29 @@ def _added(adder, req) -> bool:
 class TangramPrefillAdder(PrefillAdder):
     def add_one_req(self, req, has_chunked_req, truncation_align_size):
         serving = serving_of(self.tree_cache)
-        total = len(req.full_untruncated_fill_ids) - req.prefix_len
-        if total <= 0:
+        if len(req.full_untruncated_fill_ids) - req.prefix_len <= 0:
             # Nothing to prefill (SGLang always leaves one token; arrival refuses empty prompts).
             # Never let a request into a batch without its reservation: fail it as SGLang fails
             # bad input (one placeholder token), which admits below like any 1-token request.
             req.set_finish_with_abort("Tangram: the request has no token to prefill")
             req.init_next_round_input(self.tree_cache)
-            total = len(req.full_untruncated_fill_ids) - req.prefix_len
         # The first chunk is never cut short by what else is in the pass (the kept set of a text must
         # not depend on batching): a request whose first chunk does not fit waits for the next pass,
         # where it comes first and has the whole chunk budget.
-        first = min(total, serving.chunk)
+        planned = serving.plan_chunks(req.full_untruncated_fill_ids, req.prefix_len, own_ratio(serving, req))
         rem = self.rem_chunk_tokens
-        if rem is not None and rem < first:
+        if rem is not None and rem < planned[0][0]:
             return AddReqResult.OTHER
         try:
-            ok = self._reserve(serving, req, first, total)
+            ok = self._reserve(serving, req, planned)
             if not ok and req.prefix_len > 0 and not serving.requests:
                 # Nothing runs, so nothing will free pages: what keeps it out is its own cached
                 # prefix (pages shared with the tree force copies of their tails). Serve it as if
                 # the prefix were not cached: evict what the tree holds and match again.
                 self.tree_cache.evict_all("flush")
                 req.init_next_round_input(self.tree_cache)
-                total = len(req.full_untruncated_fill_ids) - req.prefix_len
-                first = min(total, serving.chunk)
-                ok = self._reserve(serving, req, first, total)
+                ok = self._reserve(serving, req, serving.plan_chunks(req.full_untruncated_fill_ids, req.prefix_len,
+                                                                     own_ratio(serving, req)))
         except RequestTooLargeError as exc:
             # Arrival already refuses prompts that never fit; a chunk schedule cut by batching can
             # still tip one over. Fail it like SGLang fails bad input: it finishes with the error
@@ -102,9 +100,9 @@ class TangramPrefillAdder(PrefillAdder):
         if self.rem_chunk_tokens is not None:
             self.rem_chunk_tokens = 0
 
-    def _reserve(self, serving, req, first: int, total: int) -> bool:
-        """serving.admit for req's schedule, its matched prefix locked against eviction for room (and
-        loaded back first where it lies on the host tier)."""
+    def _reserve(self, serving, req, planned) -> bool:
+        """serving.admit for req's planned chunks (serving.plan_chunks), its matched prefix locked against
+        eviction for room (and loaded back first where it lies on the host tier)."""
         max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
         tree = self.tree_cache
         lock = tree.lock(req.last_node)
@@ -112,7 +110,7 @@ class TangramPrefillAdder(PrefillAdder):
             if not tree.load_back(req.last_node):   # host-tier segments of its prefix, back into pages
                 return False
             return serving.admit(req.rid, prefix_chain=tree.chain(req.last_node), prefix_tokens=req.prefix_len,
-                                 node=req.last_node, first=first, total=total,
+                                 node=req.last_node, tokens=req.full_untruncated_fill_ids, planned=planned,
                                  decode_tokens=int(max_new * self.new_token_ratio) + 1,
                                  ratio=own_ratio(serving, req))
         finally:
@@ -165,11 +163,13 @@ def refuse_at_arrival(scheduler, req, *args, **kwargs):
         why, ratio = ratio_of_request(serving, req)
     if why is None:
         beta = None if ratio is None else serving.context.budgets_for(ratio)
-        why = serving.admission.never_fits(len(req.origin_input_ids), beta)
+        why = serving.admission.never_fits(np.asarray(req.origin_input_ids, np.int64), beta)
         serving.counters.too_large += why is not None
     if why is not None:
         req.set_finish_with_abort(why)
-    elif ratio is not None and not (req.extra_key or "").endswith(tag := f"{RATIO_KEY}{ratio:g}"):
+        return
+    req.tangram_ratio = ratio   # the tree's match cuts the request's sequence at its ratio (radix._cut)
+    if ratio is not None and not (req.extra_key or "").endswith(tag := f"{RATIO_KEY}{ratio:g}"):
         req.extra_key = f"{req.extra_key or ''}{tag}"
 
 

@@ -9,6 +9,7 @@ import torch
 from tiny_model import NEW_TOKENS
 
 from tangram_sglang.method.budgets import keep_count
+from tangram_sglang.method.chunks import split_tokens
 from tangram_sglang.method.protection import NONE, Protection, chunk_protection
 from tangram_sglang.oracle.serving_reference import (
     DynamicSelection,
@@ -129,6 +130,13 @@ def test_chunks_that_keep_everything_reproduce_full_attention(tiny):
     assert run.tokens == hf[1][:1]
 
 
+
+def fixed_chunks(prompt, size):
+    """Explicit chunks of ``size`` (the oracle's legacy mode: the newest tokens of the prompt protected):
+    these tests check selection mechanics chunk by chunk, not the served chunk rule."""
+    return split_tokens(len(prompt), size)
+
+
 def test_compression_changes_output_tiny(tiny):
     model, prompts, hf = tiny
     entry = uniform_entry(model, 0.25)
@@ -142,7 +150,7 @@ def test_smollm2_snapkv_profile_ratio_025(smollm2):
     profile = load_profile(str(REPO / "configs" / "smollm2-snapkv.yaml"))
     entry = profile.select(0.25)
     run = reference_run(model, entry, heads_per_group=profile.heads_per_group, method="snapkv", prompt_ids=ids,
-                        max_new_tokens=8, chunk_size=8, protection=NONE)
+                        max_new_tokens=8, chunk_tokens=fixed_chunks(ids, 8), protection=NONE)
     assert_keep_counts(run, entry)
     full = generate(model, uniform_entry(model, 1.0), ids, chunk_size=8, max_new_tokens=8)
     assert run.tokens != full
@@ -290,7 +298,7 @@ def test_sinks_and_newest_are_kept_by_every_head(tiny):
     entry = entry_with_budgets([[0.1, 0.2], [0.15, 0.1]], 1)
     prot = Protection(sinks=3, newest=10)
     run = reference_run(model, entry, heads_per_group=1, method="keydiff", prompt_ids=prompts[3],
-                        max_new_tokens=2, chunk_size=8, protection=prot)
+                        max_new_tokens=2, chunk_tokens=fixed_chunks(prompts[3], 8), protection=prot)
     n = len(prompts[3])
     for kept in run.kept:
         assert bool(kept[:, :3].all()) and bool(kept[:, n - 10:n].all())
@@ -323,7 +331,7 @@ def test_dynamic_selection_is_a_global_topk_per_chunk(tiny):
     model, prompts, _ = tiny
     entry = uniform_entry(model, 1.0)
     run = reference_run(model, entry, heads_per_group=1, method="keydiff", prompt_ids=prompts[3], max_new_tokens=1,
-                        chunk_size=8, protection=NONE, selection=DynamicSelection(0.3))
+                        chunk_tokens=fixed_chunks(prompts[3], 8), protection=NONE, selection=DynamicSelection(0.3))
     heads = run.kept[0].shape[0]
     for kept in run.kept:
         for s, e in run.chunks:
@@ -336,7 +344,8 @@ def test_dynamic_model_scope_is_a_global_topk_over_all_layers(tiny):
     model, prompts, _ = tiny
     entry = uniform_entry(model, 1.0)
     run = reference_run(model, entry, heads_per_group=1, method="keydiff", prompt_ids=prompts[3], max_new_tokens=1,
-                        chunk_size=8, protection=NONE, selection=DynamicSelection(0.3, scope="model"))
+                        chunk_tokens=fixed_chunks(prompts[3], 8), protection=NONE,
+                        selection=DynamicSelection(0.3, scope="model"))
     layers, heads = len(run.kept), run.kept[0].shape[0]
     for s, e in run.chunks:
         assert sum(int(kept[:, s:e].sum()) for kept in run.kept) == int(keep_count(0.3, layers * heads * (e - s)))
@@ -351,7 +360,8 @@ def test_dynamic_model_scope_keeps_protected_tokens(tiny):
     entry = uniform_entry(model, 1.0)
     prot = Protection(sinks=2, newest=3)
     run = reference_run(model, entry, heads_per_group=1, method="keydiff", prompt_ids=prompts[3], max_new_tokens=1,
-                        chunk_size=8, protection=prot, selection=DynamicSelection(0.1, scope="model"))
+                        chunk_tokens=fixed_chunks(prompts[3], 8), protection=prot,
+                        selection=DynamicSelection(0.1, scope="model"))
     n = len(prompts[3])
     for kept in run.kept:
         assert kept[:, :2].all() and kept[:, n - 3:n].all()

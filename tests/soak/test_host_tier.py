@@ -17,7 +17,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from tangram_sglang.pool.host_pages import HostPages
 from tangram_sglang.pool.segments import assemble
 from tangram_sglang.pool.spec import PoolError
-from test_serving_tree_soak import Driver, FakeReq
+from test_serving_tree_soak import Driver, FakeReq, as_request
 
 
 def _path_hash(tokens) -> int:
@@ -39,16 +39,21 @@ class StampedDriver(Driver):
         data = self.serving.data
         return data.k_pages.view(-1, data.spec.heads_per_group, data.spec.head_dim)
 
-    def _write(self, rid, before, tokens_through):
+    def _write(self, rid, before, tokens_through, whole: bool):
+        """Stamp the slots written since ``before``: a compressed chunk's with the hash of the tokens
+        through its end; tokens kept whole (a full chunk, a decode step) one by one, each with the hash
+        of the tokens through it (so a split of an uncompressed node keeps matching)."""
         pages = self.serving.cache.requests[rid].pages
         P, h = pages.page_size, _path_hash(tokens_through)
         flat = self._flat()
+        start = len(tokens_through) - int((pages.lens - before).max(initial=0))
         for v in range(pages.num_virtual):
             s = np.arange(before[v], pages.lens[v])
             idx = pages.pages[v, s // P].astype(np.int64) * P + s % P
             flat[idx] = float("nan")  # replaced below: a stamp never written reads as NaN
-            for i, slot in zip(idx, s):
-                flat[int(i)] = float(_stamp(h, v, np.int64(slot)))
+            for j, (i, slot) in enumerate(zip(idx, s)):
+                stamp = _path_hash(tokens_through[: start + j + 1]) if whole else h
+                flat[int(i)] = float(_stamp(stamp, v, np.int64(slot)))
 
     def step(self, req):
         pool_req = self.serving.cache.requests.get(req.rid)
@@ -57,9 +62,10 @@ class StampedDriver(Driver):
         before, kv_len = pool_req.pages.lens.copy(), req.kv_len
         prefilling = not pool_req.prefill_done
         n = pool_req.plan.chunk_tokens[len(pool_req.chunk_ends)] if prefilling else 1
+        whole = not prefilling or bool(pool_req.plan.full[len(pool_req.chunk_ends)])
         super().step(req)
         if req.rid in self.running and req.kv_len == kv_len + n:
-            self._write(req.rid, before, req.full_untruncated_fill_ids[: kv_len + n])
+            self._write(req.rid, before, req.full_untruncated_fill_ids[: kv_len + n], whole)
 
     def check_data(self):
         """Every device node's slots, read through its chain's page table, hold their stamps."""
@@ -129,7 +135,7 @@ def _start(d, rid, row, prompt):
     req.session, req.last_node, req.lock = 0, tree.root_node, tree.lock(tree.root_node)
     n = len(prompt)
     assert d.serving.admit(rid, prefix_chain=[], prefix_tokens=0, node=tree.root_node,
-                           first=min(n, d.serving.chunk), total=n, decode_tokens=4)
+                           tokens=np.zeros(n, np.int64), decode_tokens=4)
     d.rows.req_to_token[row, :n] = d.alloc.alloc(n).to(d.rows.req_to_token.dtype)
     d.serving.bind_row(rid, row)
     d.running[rid] = req
@@ -157,10 +163,10 @@ def test_offloaded_history_is_matched_loaded_and_split_on_the_host():
         tree._evict_one("admission")
     d.check()
     assert tree.host_tokens_ == tree.total_tokens() == len(history) and d.serving.cache.store.pages_held == 0
-    m = tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=history + [7], extra_key=None)))
+    m = tree.match_prefix(as_request(history + [7]))
     assert m.device_prefix_len == len(history) and m.last_device_node.on_host
     cut = history[:-2] + [6]                     # ends inside the uncompressed reply
-    m = tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=cut, extra_key=None)))
+    m = tree.match_prefix(as_request(cut))
     assert m.device_prefix_len == len(history) - 2 and m.last_device_node.on_host
     d.check()
     lock = tree.lock(m.last_device_node)
@@ -220,7 +226,7 @@ def test_host_pages_integrity_fails_on_a_lost_reference():
     class Seg:
         num_tokens, compressed, num_pages = 40, False, 3
         start_slots, end_slots = np.array([0]), np.array([40])
-        page_counts = np.array([3])
+        page_counts, protected = np.array([3]), 0
 
     hseg = host.keep(Seg, ids)
     host.check_integrity([hseg])
@@ -238,10 +244,11 @@ def test_host_pages_integrity_fails_on_a_lost_reference():
 
 
 # The soak driver's decisions without a host tier (what each operation matched, admitted, evicted,
-# published; the tree's tokens and the free pages after it), digested per seed. Recorded by this
-# same function on 6ab6d59, the code before the host tier: without --tangram-host-ratio the tree
-# must decide exactly as it did.
-BEFORE_HOST_TIER = {0: "417f4172ea544924", 1: "e71f9500020562cf", 2: "00bb79097bee6877"}
+# published; the tree's tokens and the free pages after it), digested per seed. First recorded on
+# 6ab6d59, the code before the host tier (the host tier left them as they were); recorded again with
+# the chunk rule (method/chunks.py), which changes what is cut and matched: without
+# --tangram-host-ratio the tree must keep deciding exactly so.
+BEFORE_HOST_TIER = {0: "2e5639fabd3f70a2", 1: "80c9377a6a84aae4", 2: "1aaef34fa04c5586"}
 OLD_FIELDS = ("admitted", "waited", "retracted", "evicted_segments", "evicted_tokens_admission",
               "evicted_tokens_decode", "evicted_tokens_flush", "evicted_tokens_sglang", "evictions_refused",
               "published_segments", "twin_segments", "detached_segments", "matched_tokens", "prefill_passes",

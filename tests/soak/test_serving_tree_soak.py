@@ -16,6 +16,7 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from transformers import LlamaConfig
 
+from tangram_sglang.method.chunks import Markers, reusable_prefix
 from tangram_sglang.method.protection import Protection
 from tangram_sglang.serving.context import LoadedProfile
 from tangram_sglang.serving.observability import check_integrity
@@ -51,6 +52,14 @@ def assert_plan_matches_host(serving, rid, plan, lens):
     for v in range(pages.num_virtual):
         host = pages.pages[v, : used[v]]
         assert np.array_equal(table[v, : used[v]][host >= 0], host[host >= 0])
+
+
+def as_request(key) -> MatchPrefixParams:
+    """SGLang's match for a request whose sequence is ``key`` and one more token (SGLang never matches a
+    prompt's last token): the chunk rule cuts the request's whole sequence."""
+    key = list(key)
+    return MatchPrefixParams(key=RadixKey(token_ids=key, extra_key=None),
+                             req=SimpleNamespace(full_untruncated_fill_ids=key + [0]))
 
 
 class FakeReq:
@@ -89,7 +98,7 @@ def window_profile(tmp_dir) -> tuple[str, object]:
 WINDOW = 20
 
 
-def build(stock_tokens=700, chunk=24, seed=0, windows_in=None, sessions=False, host_ratio=0.0):
+def build(stock_tokens=700, chunk=24, seed=0, windows_in=None, sessions=False, host_ratio=0.0, markers=None):
     """The serving state of SmolLM2's SnapKV profile on a Llama config or, with windows_in (a
     folder), of a uniform profile of a Gemma-3-shaped config with sliding-window layers; with
     host_ratio, a compressed host tier of that many pools."""
@@ -101,7 +110,8 @@ def build(stock_tokens=700, chunk=24, seed=0, windows_in=None, sessions=False, h
         (path, cfg), q_heads = window_profile(windows_in), 4
     serving = TangramServing.build(LoadedProfile.load(path, 0.25), cfg, host_ratio=host_ratio, stock_tokens=stock_tokens,
                                    dtype=torch.float32, device="cpu", page_size=16, num_q_heads=q_heads, chunk=chunk,
-                                   protection=Protection(sinks=2, newest=6))  # to scale with the 24-token chunks
+                                   protection=Protection(sinks=2, newest=6),  # to scale with the 24-token chunks
+                                   markers=markers)
     rows = Row(64)
     alloc = TangramAllocator(serving.context.logical_tokens, dtype=torch.float32, device="cpu", kvcache=None, serving=serving)
     tree = TangramRadixCache(CacheInitParams(disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc,
@@ -111,10 +121,10 @@ def build(stock_tokens=700, chunk=24, seed=0, windows_in=None, sessions=False, h
 
 
 class Driver:
-    def __init__(self, seed, windows_in=None, chunk=24, sessions=False, host_ratio=0.0):
+    def __init__(self, seed, windows_in=None, chunk=24, sessions=False, host_ratio=0.0, markers=None):
         self.rng = random.Random(seed)
         self.serving, self.tree, self.alloc, self.rows = build(chunk=chunk, windows_in=windows_in, sessions=sessions,
-                                                               host_ratio=host_ratio)
+                                                               host_ratio=host_ratio, markers=markers)
         self.free_rows = list(range(1, 64))
         self.running: dict[str, FakeReq] = {}
         self.sessions: list[list[int]] = [[] for _ in range(6)]
@@ -134,12 +144,13 @@ class Driver:
         if self.tree.sessions.enabled:   # SGLang's scheduler, a request with a top-level session_id
             req.session_id = f"s{s}"
             req.session_generation = self.tree.ensure_session_generation(req.session_id)
-        m = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=prompt, extra_key=None)))
+        # SGLang matches all but the last token (Req._compute_max_prefix_len): one token is always computed
+        m = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=prompt[:-1], extra_key=None), req=req))
         node, prefix = m.last_device_node, m.device_prefix_len
         self.stats["reused"] += prefix
         lock = self.tree.lock(node)
         ok = self.tree.load_back(node) and self.serving.admit(req.rid, prefix_chain=self.tree.chain(node), prefix_tokens=prefix, node=node,
-                                first=min(len(prompt) - prefix, self.serving.chunk), total=len(prompt) - prefix,
+                                tokens=prompt,
                                 decode_tokens=self.rng.randint(1, 8))
         if not ok:
             self.tree.unlock(lock)
@@ -224,9 +235,13 @@ class Driver:
             self.check()
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_serving_soak_integrity_and_full_release(seed):
-    d = Driver(seed)
+# token 7 opens a message, 7 then 6 the assistant's: the random prompts are runs of short messages
+CHAT = Markers(start_ids=(7,), assistant=((6,),))
+
+
+@pytest.mark.parametrize("seed,markers", [(0, None), (1, None), (0, CHAT), (4, CHAT)])
+def test_serving_soak_integrity_and_full_release(seed, markers):
+    d = Driver(seed, markers=markers)
     d.run(1500)
     assert d.stats["finished"] > 20 and d.stats["reused"] > 0 and d.serving.counters.evicted_segments > 0
     assert d.stats["waited"] > 0 and d.stats["retracted"] > 0  # the pool ran full: waits and retractions
@@ -308,7 +323,7 @@ def test_a_chain_of_short_chunks_keeps_about_one_window(tmp_path):
     d.check()
     assert dense >= 8 and window_pages() <= -(-(WINDOW - 1) // 16) + 2
     history = d.sessions[0]
-    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=history + [4], extra_key=None)))
+    m = d.tree.match_prefix(as_request(history + [4]))
     assert m.device_prefix_len > len(history) - 8 and cache.window_ready(d.tree.chain(m.last_device_node))
 
 
@@ -336,10 +351,10 @@ def test_turn_two_reuses_turn_one_prompt_and_output():
         d.step(req)
     d.release(req, checkpoint=True)
     history = req.full_untruncated_fill_ids[: req.kv_len]
-    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=history + [1, 2, 3], extra_key=None)))
+    m = d.tree.match_prefix(as_request(history + [1, 2, 3]))
     assert m.device_prefix_len == len(history)
     # a match that would end inside a compressed chunk stops at the chunk's start
-    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=req.prompt[:5] + [99], extra_key=None)))
+    m = d.tree.match_prefix(as_request(req.prompt[:5] + [99]))
     assert m.device_prefix_len == 0
     d.check()
 
@@ -377,12 +392,12 @@ def test_decode_estimate_larger_than_the_pool_is_capped_not_fatal():
 
     serving, tree, _, _ = build()
     root = tree.root_node
-    assert serving.admit("big-decode", prefix_chain=[], prefix_tokens=0, node=root, first=24, total=100,
+    assert serving.admit("big-decode", prefix_chain=[], prefix_tokens=0, node=root, tokens=np.zeros(100, np.int64),
                          decode_tokens=10**7)
     assert serving.cache.requests["big-decode"].plan.decode_tokens == 1
     serving.release("big-decode")
     with pytest.raises(RequestTooLargeError):
-        serving.admit("huge", prefix_chain=[], prefix_tokens=0, node=root, first=24, total=10**6,
+        serving.admit("huge", prefix_chain=[], prefix_tokens=0, node=root, tokens=np.zeros(10**6, np.int64),
                       decode_tokens=1)
     check_integrity(serving, tree)
     assert serving.cache.pool.num_free == serving.spec.num_pages and not serving.requests
@@ -404,7 +419,7 @@ def _finish_sessions(d, n):
 
 
 def _hits(d, histories):
-    return [d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=h + [7], extra_key=None))).device_prefix_len
+    return [d.tree.match_prefix(as_request(h + [7])).device_prefix_len
             for h in histories]
 
 
@@ -413,7 +428,7 @@ def test_eviction_takes_the_least_recently_used_leaf_first():
     d = Driver(6)
     finished = _finish_sessions(d, 3)
     # touch the oldest session again: it becomes the most recently used
-    d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=finished[0] + [7], extra_key=None)))
+    d.tree.match_prefix(as_request(finished[0] + [7]))
     before = d.serving.counters.evicted_segments
     d.tree.evict(EvictParams(num_tokens=1))
     assert d.serving.counters.evicted_segments == before + 1
@@ -428,12 +443,12 @@ def test_twin_keeps_the_tree_copy_and_publishes_nothing_after_it():
     first's. Its later segments start on pages holding its own copy of the twin's tail slots, so
     they stay out of the tree (a reader would otherwise mix two requests' KV)."""
     d = Driver(6)
-    prompt = [5, 1, 4] * 6  # 18 tokens: one chunk
+    prompt = [5, 1, 4] * 6  # 18 tokens: one open chunk, kept whole
     reqs = []
     for rid, row in (("A", 1), ("B", 2)):
         req = FakeReq(rid, row, prompt)
         req.session, req.last_node, req.lock = 0, d.tree.root_node, d.tree.lock(d.tree.root_node)
-        assert d.serving.admit(rid, prefix_chain=[], prefix_tokens=0, node=d.tree.root_node, first=18, total=18,
+        assert d.serving.admit(rid, prefix_chain=[], prefix_tokens=0, node=d.tree.root_node, tokens=prompt,
                                decode_tokens=4)
         d.rows.req_to_token[row, :18] = d.alloc.alloc(18).to(torch.int32)
         d.serving.bind_row(rid, row)
@@ -452,9 +467,10 @@ def test_twin_keeps_the_tree_copy_and_publishes_nothing_after_it():
     d.release(b, checkpoint=True)
     d.check()
     assert d.serving.cache.usage().held_by_tree == held  # B added nothing: twin prompt, output detached
-    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=prompt + b.output + [0], extra_key=None)))
+    # (continuations that leave the 24-token chunk open: its tokens stay usable whole)
+    m = d.tree.match_prefix(as_request(prompt + b.output[:2]))
     assert m.device_prefix_len == len(prompt)
-    m = d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=prompt + a.output + [0], extra_key=None)))
+    m = d.tree.match_prefix(as_request(prompt + a.output[:3]))
     assert m.device_prefix_len == len(prompt) + 3  # A's own history, whole (the last token has no KV)
 
 
@@ -589,7 +605,7 @@ def _fill_pages(d, rid, tokens):
     """Admit request rid with ``tokens`` fresh prompt tokens (no prefix) and run its prefill: it holds
     its pages until released."""
     d.serving.admit(rid, prefix_chain=[], prefix_tokens=0, node=d.tree.root_node,
-                    first=min(tokens, d.serving.chunk), total=tokens, decode_tokens=1)
+                    tokens=np.zeros(tokens, np.int64), decode_tokens=1)
     d.serving.bind_row(rid, d.free_rows.pop())
     while not d.serving.cache.requests[rid].prefill_done:
         d.serving.extend_metadata([rid], [d.serving.planned_extend(rid)])
@@ -623,14 +639,14 @@ def test_a_request_that_cannot_fit_yet_evicts_nothing():
     assert d.serving.admission.pages_alone(too_big, 1) <= d.serving.spec.num_pages  # fits an idle pool
     hits, counters = _hits(d, finished), d.serving.counters
     assert not d.serving.admit("blocked", prefix_chain=[], prefix_tokens=0, node=d.tree.root_node,
-                               first=min(too_big, d.serving.chunk), total=too_big, decode_tokens=1)
+                               tokens=np.zeros(too_big, np.int64), decode_tokens=1)
     check_integrity(d.serving, d.tree)
     assert _hits(d, finished) == hits and counters.evictions_refused == 1 and counters.evicted_tokens_admission == 0
     # one that fits once some leaves go: the oldest sessions lose their histories, the newest keep them
     fits = too_big - 1
     assert d.serving.admission.pages_alone(fits, 1) > d.serving.cache.pool.available  # it must evict
     assert d.serving.admit("fits", prefix_chain=[], prefix_tokens=0, node=d.tree.root_node,
-                           first=min(fits, d.serving.chunk), total=fits, decode_tokens=1)
+                           tokens=np.zeros(fits, np.int64), decode_tokens=1)
     check_integrity(d.serving, d.tree)
     after = _hits(d, finished)
     assert counters.evicted_tokens_admission > 0 and after[0] < hits[0]
@@ -669,7 +685,11 @@ def test_publish_and_eviction_counters():
     d.sessions = [finished[0]]
     before = c.matched_tokens
     d.new_request()
-    assert c.matched_tokens - before == len(finished[0])
+    (req,) = [r for r in d.running.values()]
+    # all of the history the chunk rule lets the new prompt reuse: its open tail only if still open
+    cut = d.serving.context.cut
+    want = reusable_prefix(cut(finished[0]), cut(req.prompt), len(finished[0]))
+    assert c.matched_tokens - before == want >= 24
     d.tree.evict(EvictParams(num_tokens=1))
     assert c.evicted_tokens_sglang > 0 and c.evicted_segments > 0
     from tangram_sglang.serving.observability import log_line, pool_info

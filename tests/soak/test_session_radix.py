@@ -8,7 +8,7 @@ import random
 import pytest
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
-from test_serving_tree_soak import Driver
+from test_serving_tree_soak import Driver, as_request
 
 from tangram_sglang.serving.observability import check_integrity
 
@@ -28,7 +28,7 @@ def _finish(d, sid: str, tokens: list[int], seed: int):
 
 
 def _hit(d, history) -> int:
-    return d.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=history + [7], extra_key=None))).device_prefix_len
+    return d.tree.match_prefix(as_request(history + [7])).device_prefix_len
 
 
 def test_a_closed_sessions_history_is_evicted_before_open_ones_even_when_newest():

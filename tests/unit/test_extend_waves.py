@@ -30,7 +30,7 @@ def _serving() -> TangramServing:
 
 def _admit(servings, rid: str, row: int, tokens: int) -> None:
     for s in servings:
-        assert s.admit(rid, prefix_chain=[], prefix_tokens=0, node=None, first=min(tokens, CHUNK), total=tokens,
+        assert s.admit(rid, prefix_chain=[], prefix_tokens=0, node=None, tokens=np.zeros(tokens, np.int64),
                        decode_tokens=4)
         s.bind_row(rid, row)
 

@@ -51,16 +51,6 @@ def test_setting_tags_name_the_oracle_they_run():
     assert fidelity.code_version("static~position", PROFILE) == fidelity.code_version("static", PROFILE)
 
 
-def test_position_chunking_cuts_the_final_prompt_by_position():
-    from benchmarks.fidelity.tasks import Conversation
-
-    conv = Conversation(id="c", kind="passkey", turns=[[1] * 300, [1] * 700, [1] * 1100], expect=[], history_len=1000)
-    assert fidelity.chunk_schedule(conv) == [300, 400, 400]       # as served: each turn's new tokens
-    assert fidelity.position_schedule(conv) == ([512, 512, 76], 76)   # by position; 76 kept whole
-    conv = Conversation(id="c", kind="passkey", turns=[[1] * 1024], expect=[], history_len=900)
-    assert fidelity.position_schedule(conv) == ([512, 512], 0)
-
-
 def test_the_served_package_never_imports_the_oracle():
     """Served versions leave out tangram_sglang/oracle/ (NOT_SERVED): nothing the server loads imports it."""
     import subprocess

@@ -3,26 +3,38 @@
 import pytest
 
 from benchmarks.fidelity.held import held_share
+from tangram_sglang.method.chunks import Markers
 from tangram_sglang.method.protection import Protection
 from tangram_sglang.profile import ModelShape
 from tangram_sglang.profile.uniform import uniform_profile
 
+START = 10**6   # a message start id no prompt token equals
 SHAPE = ModelShape(architecture="LlamaForCausalLM", num_layers=2, num_kv_heads=2, head_dim=16)
+
+
+def _turns(*lengths):
+    """Prompts of these lengths, each extending the one before (no chat markers: one message)."""
+    return [list(range(n)) for n in lengths]
 
 
 def test_a_lossless_profile_holds_exactly_full_kv_on_page_boundaries():
     profile = uniform_profile(SHAPE, [1.0], parallel_capacity=4)
-    assert held_share(profile, 1.0, [32, 64], 1, chunk=32) == pytest.approx(1.0)   # 64 tokens, 4 pages per group
-    assert held_share(profile, 1.0, [30, 64], 3, chunk=32) > 1.0                     # 66 tokens: a partial page
+    assert held_share(profile, 1.0, _turns(32, 64), 1, chunk=32) == pytest.approx(1.0)   # 64 tokens, 4 pages per group
+    assert held_share(profile, 1.0, _turns(30, 64), 3, chunk=32) > 1.0                     # 66 tokens: a partial page
 
 
 def test_compression_holds_the_ratio_plus_protection_and_pages():
     profile = uniform_profile(SHAPE, [0.5, 0.25], parallel_capacity=4)
-    turns = [600, 1200, 1800]
+    turns = _turns(600, 1200, 1800)
     half, quarter = (held_share(profile, r, turns, 20, chunk=128) for r in (0.5, 0.25))
     assert 0.5 < half < 0.6 and 0.25 < quarter < 0.35 and quarter < half
     bare = held_share(profile, 0.25, turns, 20, chunk=128, protection=Protection(0, 0))
-    assert 0.25 <= bare < quarter                                   # protected sinks and newest tokens cost
+    # one open message (no chat markers): only its sinks are protected (within the budget), its tail kept whole
+    assert bare == pytest.approx(quarter)
+    marked = [[START] + t[1:] for t in turns]   # a start token (not followed by another: one open message still)
+    assert held_share(profile, 0.25, marked, 20, chunk=128, markers=Markers(start_ids=(START,))) == pytest.approx(quarter)
+    closed = [t[:-1] + [START] for t in turns]  # every turn closes its message: its newest tokens protected
+    assert held_share(profile, 0.25, closed, 20, chunk=128, markers=Markers(start_ids=(START,))) > quarter
 
 
 def test_window_layers_hold_about_their_window_once_the_tree_drops_interior_pages():
@@ -31,6 +43,6 @@ def test_window_layers_hold_about_their_window_once_the_tree_drops_interior_page
     profile = uniform_profile(shape, [1.0], parallel_capacity=4)
     # chunks of half a window: an interior node drops up to the next match end below it, past dropped children
     for chunk in (32, 64):
-        short, long = (held_share(profile, 1.0, [n], 1, chunk=chunk) for n in (128, 1024))
+        short, long = (held_share(profile, 1.0, _turns(n), 1, chunk=chunk) for n in (128, 1024))
         assert long < short < 1.0
         assert long == pytest.approx((1024 + 64) / 2048, abs=0.03)  # the full layer + the window layer's window
