@@ -191,6 +191,13 @@ FIGURES: tuple[Figure, ...] = (
            ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think-mean", "1",
             "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "tangram-host-sessions",
             "stock-lpm-sessions-host-bytes", "--out", f"{QUICK_DIR}/serving/think_time_host_sessions.json")),
+    # a cache hit against a recompute (issue 61): 16 chat conversations x 4 turns sharing a system prompt, served
+    # turn by turn from the tree, recomputed with the tree flushed before every turn, and batched
+    Figure("hit_recompute_smollm2", "serving", "benchmarks.serving.hit_recompute",
+           ("--model", "smollm2", "--ratio", "0.4", "--conversations", "16", "--turns", "4",
+            "--out", "benchmarks/results/serving/hit_recompute_smollm2.json"),
+           ("--model", "smollm2", "--ratio", "0.4", "--conversations", "2", "--turns", "2", "--user-tokens", "200",
+            "--out", f"{QUICK_DIR}/serving/hit_recompute_smollm2.json")),
     # SGLang's own benchmark, multi-turn: plain stock, the strongest stock of the throughput run, Tangram
     Figure("bench_serving", "serving", "benchmarks.serving.bench_serving", (*BENCH, "--rates", "0.5", "--repeats", "3"),
            ("--quick", "--out", f"{QUICK_DIR}/serving/bench_serving.json")),
@@ -245,6 +252,8 @@ OTHER_RESULTS: dict[str, str] = {
     "serving/concurrency_gemma.json": _EARLIER_RUN,
     "serving/concurrency_gemma_windows.json": _EARLIER_RUN,
     "serving/concurrency_multiturn.json": _EARLIER_RUN,
+    "serving/hit_recompute_smollm2_before.json": ("the hit-against-recompute run on the code before the chunk rule "
+                                                  "(da0c2e9, the benchmark module added), kept as the record of it"),
     "serving/replicas.json": "two replicas behind sglang-router (benchmarks.serving.replicas); not re-measured since",
     "serving/gpu_served_nvidia-h200.json": _GPU,
     "timing/gpu_decode_nvidia-h200.json": _GPU,

@@ -1080,6 +1080,13 @@ def line_count(name: str) -> int:
         return sum(1 for _ in f)
 
 
+def hit_recompute_headline(d: dict) -> str:
+    s = d["summary"]
+    return (f"{s['tree_same']}/{s['tree_turns']} turns from the tree answer as recomputed (log-prob gap "
+            f"{s['tree_gap']:.0e}), {s['batch_same']}/{s['batch_turns']} batched; history reused "
+            f"{s['history_reused']:,}/{s['history_tokens']:,}")
+
+
 INDEX = {  # stem -> (what it measures, headline, command when the files do not carry one)
     "fidelity_fastkvzip": ("Multi-turn fidelity of the SmolLM2 FastKVzip profile (64 conversations) against full "
                            "KV, the dynamic method, uniform budgets and kvpress KVzip",
@@ -1149,6 +1156,14 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                         "HiCache, which does not run on a CPU) and stock lpm, with the 1.0 control's host tier",
                         lambda: " ".join(think_time_row(load(THINK_TIME_HOST), "", "tangram-host")[1:3]).replace("**", ""),
                         None),
+    "hit_recompute_smollm2_before": ("The same on the code before the chunk rule (da0c2e9): chunks cut where each "
+                                     "request's cached prefix ended",
+                                     lambda: hit_recompute_headline(load("serving/hit_recompute_smollm2_before.json")),
+                                     None),
+    "hit_recompute_smollm2": ("A cache hit against a recompute: 16 chat conversations x 4 turns sharing a system "
+                              "prompt, served turn by turn from the tree, with the tree flushed before every turn, "
+                              "and batched: turns answering alike, log-prob gaps, history and system prompt reused",
+                              lambda: hit_recompute_headline(load("serving/hit_recompute_smollm2.json")), None),
     "think_time_host_sessions": ("The host tier's workload with session ids and SGLang's session radix cache on both "
                                  "sides: the profile with its host tier against stock lpm given the host's bytes",
                                  lambda: " ".join(think_time_row(load(THINK_TIME_HOST_SESSIONS), "",
