@@ -851,6 +851,31 @@ def key_results() -> list[str]:
 
 # ---------------------------------------------------------------- docs/results.md blocks
 
+def hit_recompute_table() -> list[str]:
+    """The hit-against-recompute runs (benchmarks/serving/hit_recompute.py): the code before the chunk rule and
+    the current one, a row each."""
+    out = ["| code | turns from the tree answering as recomputed (largest log-prob gap) | final prompts batched "
+           "| later turns' history read from the tree | first turns' system prompt read from the tree |",
+           "|---|---|---|---|---|"]
+    for label, name in (("before the chunk rule", "hit_recompute_smollm2_before"), ("the chunk rule", "hit_recompute_smollm2")):
+        if not (RESULTS / "serving" / f"{name}.json").exists():
+            continue
+        d = load(f"serving/{name}.json")
+        s, shared = d["summary"], d["summary"]["first_turn_cached"][1:]
+        out.append(f"| {label} ({d['stamp']['commit']}) | {s['tree_same']}/{s['tree_turns']} ({s['tree_gap']:.1e}) "
+                   f"| {s['batch_same']}/{s['batch_turns']} ({s['batch_gap']:.1e}) "
+                   f"| {s['history_reused']:,} of {s['history_tokens']:,} "
+                   f"| {min(shared, default=0)}-{max(shared, default=0)} of {s['system_tokens']} |")
+    return out
+
+
+def hit_recompute_headline(d: dict) -> str:
+    s = d["summary"]
+    return (f"{s['tree_same']}/{s['tree_turns']} turns from the tree answer as recomputed (log-prob gap "
+            f"{s['tree_gap']:.0e}), {s['batch_same']}/{s['batch_turns']} batched; history reused "
+            f"{s['history_reused']:,}/{s['history_tokens']:,}")
+
+
 NOT_FULL_OR_KVZIP = {"tangram", "dynamic", "uniform", "kvpress-snapkv"}  # those two are in the FastKVzip table
 DOC_BLOCKS = {
     "fidelity-smollm2-fastkvzip": lambda: fidelity_table("fidelity/fidelity_fastkvzip.json"),
@@ -896,6 +921,7 @@ DOC_BLOCKS = {
     "think-time-pareto": lambda: think_time_table(load(THINK_TIME_PARETO)),
     "think-time-host": lambda: think_time_table(load(THINK_TIME_HOST)),
     "think-time-host-sessions": lambda: think_time_table(load(THINK_TIME_HOST_SESSIONS)),
+    "hit-recompute": hit_recompute_table,
 }
 
 
@@ -1078,13 +1104,6 @@ def conversations_recorded(name: str) -> int:
 def line_count(name: str) -> int:
     with open(RESULTS / name, "rb") as f:
         return sum(1 for _ in f)
-
-
-def hit_recompute_headline(d: dict) -> str:
-    s = d["summary"]
-    return (f"{s['tree_same']}/{s['tree_turns']} turns from the tree answer as recomputed (log-prob gap "
-            f"{s['tree_gap']:.0e}), {s['batch_same']}/{s['batch_turns']} batched; history reused "
-            f"{s['history_reused']:,}/{s['history_tokens']:,}")
 
 
 INDEX = {  # stem -> (what it measures, headline, command when the files do not carry one)
