@@ -73,12 +73,19 @@ def held_share(profile, ratio: float, turns: list, answer_tokens: int, *, page_s
 
 
 def _chain_up_to(cache, chain: list, tokens: int) -> list:
-    """The chain's segments covering its first ``tokens`` tokens (an uncompressed one split where they end)."""
+    """The chain's segments covering its first ``tokens`` tokens (an uncompressed one split where they end);
+    the rest, which this conversation never reads again, evicted (as the tree's LRU would)."""
     out, pos = [], 0
-    for seg in chain:
+    for i, seg in enumerate(chain):
         if pos + seg.num_tokens > tokens:
             if pos < tokens:
-                out.append(cache.store.split(seg.seg_id, tokens - pos)[0])
+                upper, lower = cache.store.split(seg.seg_id, tokens - pos)
+                out.append(upper)
+                cache.evict(lower.seg_id)
+            else:
+                cache.evict(seg.seg_id)
+            for rest in chain[i + 1:]:
+                cache.evict(rest.seg_id)
             break
         out.append(seg)
         pos += seg.num_tokens

@@ -122,11 +122,14 @@ class AdmissionControl:
         """The largest d <= wanted the pool can hold for this prompt plus d generated tokens with
         nothing else in it (binary search over exact plans); counted in counters.capped when it is
         below wanted. A prompt that never fits keeps wanted: the arrival hook
-        (scheduling.refuse_at_arrival) refuses it next, naming the pool's pages."""
+        (scheduling.refuse_at_arrival) refuses it next, naming the pool's pages. The generated tokens
+        leave a page per virtual layer free: a cached prefix it matches may end inside a page, which it
+        then copies while the tree keeps the original (both are held until it finishes)."""
         pages = self.context.spec.num_pages
         if prompt_tokens <= 0 or self.pages_alone(prompt_tokens, 1) > pages:
             return max(0, wanted)
-        fits = lambda d: self.pages_alone(prompt_tokens, d) <= pages  # noqa: E731
+        room = pages - self.context.spec.num_virtual
+        fits = lambda d: self.pages_alone(prompt_tokens, d) <= room  # noqa: E731
         if fits(max(1, wanted)):
             return max(0, wanted)
         lo = _largest_fitting(fits, 1, max(1, wanted))

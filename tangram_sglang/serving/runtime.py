@@ -72,7 +72,8 @@ class TangramServing:
         self.tables = DeviceBlockTables(spec.num_layers, spec.num_groups, spec.page_size, context.device)
         self.counters = PoolCounters()
         self.admission = AdmissionControl(context, self.cache, self.counters)
-        self.tree_store = TreeStore(self.cache, self.counters, self.release, self.host, cut=context.cut)
+        self.tree_store = TreeStore(self.cache, self.counters, self.release, self.host, cut=context.cut,
+                                    data=self.data)
         self.requests: dict[str, RequestState] = {}
         self.row_to_rid: dict[int, str] = {}
         self.decode_rows = BatchMemo()  # SGLang rows of the last decode batch; changed() at any (re)binding

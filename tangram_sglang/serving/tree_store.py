@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from tangram_sglang.pool import RaggedKVCache
 from tangram_sglang.pool.host_pages import HostSegment
 from tangram_sglang.pool.records import Publication
@@ -21,10 +23,11 @@ from tangram_sglang.pool.segments import Segment
 
 class TreeStore:
     def __init__(self, cache: RaggedKVCache, counters, release: Callable[[str], None], host=None,
-                 cut: Callable | None = None):
+                 cut: Callable | None = None, data=None):
         self._cache, self._counters, self._release = cache, counters, release
         self._host = host   # HostTier, or None: no host tier
         self.cut = cut      # tokens -> method.chunks.Cut: the chunk rule of the served context
+        self._data = data   # KVPageData: the page contents (adopt_boundary)
 
     # -- publication ------------------------------------------------------------------------------
     def publish(self, rid: str, include_tail: bool) -> tuple[list[Segment], Publication] | None:
@@ -42,6 +45,28 @@ class TreeStore:
         if retracted:
             self._counters.retracted += 1
         self._release(rid)
+
+    def adopt_boundary(self, parent: Segment, seg: Segment) -> None:
+        """``seg`` is linked under ``parent``: where its first page column is the column ``parent`` ends in
+        (not page-aligned) but another page (a request that computed its own copy of ``parent``, a twin,
+        or copied a cached partial page), overwrite that page's leading slots with ``parent``'s, so a
+        reader of the chain reads the tree's copy of ``parent`` throughout."""
+        P = self._cache.spec.page_size
+        lead = seg.start_slots % P
+        if self._data is None or not np.any(lead) or not np.array_equal(seg.start_slots, parent.end_slots):
+            return
+        last = np.cumsum(parent.page_counts) - 1
+        first = np.cumsum(seg.page_counts) - seg.page_counts
+        rows = np.flatnonzero((lead > 0) & (parent.page_counts > 0) & (seg.page_counts > 0))
+        src, dst = parent.page_ids[last[rows]].astype(np.int64), seg.page_ids[first[rows]].astype(np.int64)
+        moved = src != dst
+        if not moved.any():
+            return
+        src, dst, n = src[moved], dst[moved], lead[rows][moved]
+        offs = np.arange(P)[None, :]
+        keep = offs < n[:, None]
+        k, v = self._data.read((src[:, None] * P + offs)[keep])
+        self._data.write((dst[:, None] * P + offs)[keep], k, v)
 
     # -- segments ---------------------------------------------------------------------------------
     def segment(self, seg_id: int) -> Segment:

@@ -269,20 +269,23 @@ class TangramRadixCache(LeafEviction, HostTierTree, RadixCache):
                 # (a load for free); our later segments continue it, so nothing detaches.
                 self.token_to_kv_pool_allocator.free(ids.clone())
                 self.req_to_token_pool.write((req.kv.req_pool_idx, slice(pos, end)), twin.value.to(row.dtype))
+                if parent is not self.root_node:
+                    self.store.adopt_boundary(parent.seg, seg)
                 self._replace_host_twin(twin, seg)
                 parent = twin
             elif twin is not None:
-                # Same tokens after the same chain: keep the tree's copy, free ours (stock dedup).
-                # Our later segments start on pages holding OUR copy of this segment's tail slots;
-                # under the twin a reader would mix two requests' KV (equal only if compression is
-                # bit-deterministic, which batched GPU kernels are not): they are not published.
+                # Same tokens after the same chain: keep the tree's copy, free ours (stock dedup). Our
+                # later segments continue it: the first one's page holding our copy's tail slots gets the
+                # twin's (adopt_boundary), so a reader never mixes two requests' KV.
                 self.token_to_kv_pool_allocator.free(ids.clone())
                 self.req_to_token_pool.write((req.kv.req_pool_idx, slice(pos, end)), twin.value.to(row.dtype))
                 self.store.drop(seg.seg_id)
                 self.store.count("twin_segments")
                 twin.last_access_time = time.monotonic()
-                parent, detached = twin, True
+                parent = twin
             else:
+                if parent is not self.root_node:
+                    self.store.adopt_boundary(parent.seg, seg)
                 node = SegNode(tokens=tokens, value=ids.clone(), seg=seg, extra_key=req.extra_key)
                 self._add_child(parent, node)
                 self.evictable_size_ += seg.num_tokens

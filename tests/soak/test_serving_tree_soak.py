@@ -438,19 +438,20 @@ def test_eviction_takes_the_least_recently_used_leaf_first():
     d.check()
 
 
-def test_twin_keeps_the_tree_copy_and_publishes_nothing_after_it():
+def test_a_twin_keeps_the_tree_copy_and_later_segments_continue_it():
     """Two identical prompts prefilled side by side: the second's prompt segment is a twin of the
-    first's. Its later segments start on pages holding its own copy of the twin's tail slots, so
-    they stay out of the tree (a reader would otherwise mix two requests' KV)."""
-    d = Driver(6)
-    prompt = [5, 1, 4] * 6  # 18 tokens: one open chunk, kept whole
+    first's, freed for the tree's copy. Its reply is published under the twin, the page it shares with
+    the prompt's tail getting the twin's slots there (adopt_boundary): a reader of [twin, reply] reads
+    the tree's copy of the prompt and the second request's own reply, never a mix."""
+    d = Driver(6, markers=CHAT)
+    prompt = [7] + [5, 1, 4] * 6 + [7, 6]  # a user message (compressed), the assistant's header (kept whole)
     reqs = []
     for rid, row in (("A", 1), ("B", 2)):
         req = FakeReq(rid, row, prompt)
         req.session, req.last_node, req.lock = 0, d.tree.root_node, d.tree.lock(d.tree.root_node)
         assert d.serving.admit(rid, prefix_chain=[], prefix_tokens=0, node=d.tree.root_node, tokens=prompt,
                                decode_tokens=4)
-        d.rows.req_to_token[row, :18] = d.alloc.alloc(18).to(torch.int32)
+        d.rows.req_to_token[row, :len(prompt)] = d.alloc.alloc(len(prompt)).to(torch.int32)
         d.serving.bind_row(rid, row)
         d.running[rid] = req
         reqs.append(req)
@@ -460,18 +461,29 @@ def test_twin_keeps_the_tree_copy_and_publishes_nothing_after_it():
             d.step(req)
         d.check()
     a, b = reqs
+    k = d.serving.data.k_pages
+    for req, mark in ((a, 3.0), (b, 7.0)):   # each request's pages marked as its own
+        pages = d.serving.cache.requests[req.rid].pages
+        k[torch.from_numpy(pages.held().astype(np.int64))] = mark
     b.output = [7, 7, 7, 7]  # B answered otherwise
     d.release(a, checkpoint=True)
     d.check()
-    held = d.serving.cache.usage().held_by_tree
+    twins = d.serving.counters.twin_segments
     d.release(b, checkpoint=True)
     d.check()
-    assert d.serving.cache.usage().held_by_tree == held  # B added nothing: twin prompt, output detached
-    # (continuations that leave the 24-token chunk open: its tokens stay usable whole)
-    m = d.tree.match_prefix(as_request(prompt + b.output[:2]))
-    assert m.device_prefix_len == len(prompt)
+    assert d.serving.counters.twin_segments == twins + 1 and d.serving.counters.detached_segments == 0
+    m = d.tree.match_prefix(as_request(prompt + b.output[:2]))   # the assistant's message: usable whole
+    assert m.device_prefix_len == len(prompt) + 2
+    reply = m.last_device_node
+    assert reply.parent.seg.page_ids[0] != reply.seg.page_ids[0]   # the twin's pages, B's reply pages
+    P = d.serving.spec.page_size
+    first = np.cumsum(reply.seg.page_counts) - reply.seg.page_counts
+    for v in range(d.serving.spec.num_virtual):
+        page = k[int(reply.seg.page_ids[first[v]])][:, 0, 0]
+        lead = int(reply.seg.start_slots[v] % P)
+        assert 0 < lead <= P - 3 and bool((page[:lead] == 3.0).all()) and bool((page[lead:lead + 3] == 7.0).all())
     m = d.tree.match_prefix(as_request(prompt + a.output[:3]))
-    assert m.device_prefix_len == len(prompt) + 3  # A's own history, whole (the last token has no KV)
+    assert m.device_prefix_len > len(prompt) and m.last_device_node is not reply   # A's own reply
 
 
 def test_decode_step_evicts_when_the_tree_grew_after_the_capacity_check():
