@@ -94,6 +94,18 @@ def _tokens(ids) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
+def request_sequence(req):
+    """The request's whole sequence, origin_input_ids + output_ids, as its admission will cut it.
+    SGLang brings full_untruncated_fill_ids up to it only in init_next_round_input: a request still in
+    the waiting queue, which the lpm policy matches to sort it, has it empty (or short of its new
+    output after a retraction), and a cut of that keeps nothing usable, so the match found nothing
+    and touched nothing."""
+    fill = req.full_untruncated_fill_ids
+    if len(fill) == len(req.origin_input_ids) + len(req.output_ids):
+        return fill
+    return req.origin_input_ids + req.output_ids
+
+
 class TangramRadixCache(LeafEviction, HostTierTree, RadixCache):
     def __init__(self, params, store: TreeStore):
         self.store = store                       # the serving state's narrow interface (its only link)
@@ -168,7 +180,7 @@ class TangramRadixCache(LeafEviction, HostTierTree, RadixCache):
             return None
         req = getattr(params, "req", None)
         if req is not None:
-            return self.store.cut(req.full_untruncated_fill_ids, ratio=getattr(req, "tangram_ratio", None))
+            return self.store.cut(request_sequence(req), ratio=getattr(req, "tangram_ratio", None))
         return self.store.cut(params.key.token_ids[: len(params.key)], whole=False)
 
     def touch_prefix(self, key: RadixKey) -> None:

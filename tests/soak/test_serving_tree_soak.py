@@ -58,8 +58,9 @@ def as_request(key) -> MatchPrefixParams:
     """SGLang's match for a request whose sequence is ``key`` and one more token (SGLang never matches a
     prompt's last token): the chunk rule cuts the request's whole sequence."""
     key = list(key)
+    seq = key + [0]
     return MatchPrefixParams(key=RadixKey(token_ids=key, extra_key=None),
-                             req=SimpleNamespace(full_untruncated_fill_ids=key + [0]))
+                             req=SimpleNamespace(origin_input_ids=seq, output_ids=[], full_untruncated_fill_ids=seq))
 
 
 class FakeReq:
@@ -76,6 +77,14 @@ class FakeReq:
     @property
     def full_untruncated_fill_ids(self):
         return self.prompt + self.output
+
+    @property
+    def origin_input_ids(self):
+        return self.prompt
+
+    @property
+    def output_ids(self):
+        return self.output
 
 
 def window_profile(tmp_dir) -> tuple[str, object]:
