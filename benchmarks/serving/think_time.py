@@ -12,6 +12,7 @@ Servers (--servers, each launched in turn with the same --max-total-tokens, i.e.
   stock-fcfs, stock-lpm            stock SGLang, default policy / longest prefix match first
   stock-lpm-sessions               stock lpm with --enable-session-radix-cache, requests carry session_id,
                                    each session closed after its last turn (/close_session)
+  stock-lpm-tlru                   stock lpm with --radix-eviction-policy tlru (Tail-Optimized LRU)
   tangram-sessions                 the profile (lpm) with --enable-session-radix-cache, the same clients
   stock-lpm-pdi, tangram-pdi, ...  with SGLang's --prefill-decode-interval 1 (decode rounds between prefills)
   tangram, tangram-fcfs            --tangram-profile at --ratio, its default policy (lpm) / SGLang's fcfs
@@ -63,6 +64,11 @@ SERVERS = {  # name -> (profile kind: None / "shipped" / "uniform", extra args, 
     "stock-fcfs": (None, [], False),
     "stock-lpm": (None, ["--schedule-policy", "lpm"], False),
     "stock-lpm-sessions": (None, ["--schedule-policy", "lpm", "--enable-session-radix-cache"], True),
+    # SGLang's Tail-Optimized LRU (arXiv:2510.15152): a history's tail past what a 2,048-token prefill
+    # budget needs for the next turn (a document of ~800 tokens) goes first, then LRU; the profile refuses it
+    "stock-lpm-tlru": (None, ["--schedule-policy", "lpm", "--radix-eviction-policy", "tlru",
+                              "--radix-eviction-policy-config", '{"threshold": 2048, "next_prompt_estimate": 800}'],
+                       False),
     "tangram": ("shipped", [], False),
     "tangram-fcfs": ("shipped", ["--schedule-policy", "fcfs"], False),
     "tangram-1.0": ("uniform", [], False),

@@ -58,3 +58,24 @@ def test_host_tier_rows_name_the_host_server_its_control_and_bytes_per_token():
     text = "\n".join(fmt_md(res))
     assert "1,000 tokens in 25 of 100 pages, 102 B a token against full KV's 23,040 (225.00x" in text
     assert BYTES_SCALE["stock-lpm-host-bytes"] == 3 and "--tangram-host-ratio" in SERVERS["tangram-host"][1]
+
+
+def test_stock_servers_pass_sglangs_parser_and_tlru_is_not_plain_lru():
+    """Each stock server's options parse through SGLang's own CLI (lpm where named); T-LRU's config names a
+    threshold above its next-prompt estimate (else SGLang refuses it at launch: no token is ever tail-safe)."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from benchmarks.serving.think_time import SERVERS
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    stock = {name: extra for name, (kind, extra, _) in SERVERS.items() if kind is None}
+    assert "stock-lpm-tlru" in stock
+    for name, extra in stock.items():
+        args = parser.parse_args(["--model-path", "m", *extra])
+        assert args.schedule_policy == ("lpm" if name.startswith("stock-lpm") else "fcfs"), name
+    tlru = parser.parse_args(["--model-path", "m", *stock["stock-lpm-tlru"]])
+    assert tlru.radix_eviction_policy == "tlru"
+    assert tlru.radix_eviction_policy_config["threshold"] > tlru.radix_eviction_policy_config["next_prompt_estimate"]
