@@ -172,6 +172,14 @@ FIGURES: tuple[Figure, ...] = (
            ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think", "pareto",
             "--think-mean", "1", "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "tangram", "stock-lpm",
             "--out", f"{QUICK_DIR}/serving/think_time_pareto.json")),
+    # stock's eviction at its best for the workload (issue 60 item 1): T-LRU against plain LRU, lpm on both, a trial
+    Figure("think_time_tlru", "serving", "benchmarks.serving.think_time",
+           ("--sessions", "12", "--turns", "4", "--doc-tokens", "800", "--arrival-window", "30", "--think-mean", "8",
+            "--max-total-tokens", "8192", "--ratio", "0.4", "--servers", "stock-lpm-tlru", "stock-lpm",
+            "--repeats", "1", "--out", "benchmarks/results/serving/think_time_tlru.json"),
+           ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think-mean", "1",
+            "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "stock-lpm-tlru", "stock-lpm",
+            "--out", f"{QUICK_DIR}/serving/think_time_tlru.json")),
     # the compressed host tier (issue 51 item 3, issue 60's lever): the profile with 2 pools' bytes of host memory,
     # stock lpm given those bytes on the device (the bound on stock HiCache) and at the same device bytes, the 1.0
     # control with the same host tier

@@ -652,6 +652,7 @@ THINK_TIME = "serving/think_time.json"  # benchmarks.serving.think_time
 THINK_TIME_PARETO = "serving/think_time_pareto.json"  # the same with heavy-tailed (Lomax) pauses
 THINK_TIME_HOST = "serving/think_time_host.json"  # the profile with its compressed host tier, stock given its bytes
 THINK_TIME_HOST_SESSIONS = "serving/think_time_host_sessions.json"  # the same with session ids, session radix cache
+THINK_TIME_TLRU = "serving/think_time_tlru.json"  # stock lpm with SGLang's T-LRU eviction against plain lpm
 THINK_COUNTERS = ("matched_tokens", "evicted_tokens_admission", "evicted_tokens_decode", "evicted_tokens_flush",
                   "evicted_tokens_sglang", "evictions_refused", "published_segments", "twin_segments",
                   "detached_segments", "waited", "retracted", "prefill_passes", "prefill_chunks", "offloaded_tokens",
@@ -761,6 +762,15 @@ def full_kv_token_bytes(pool: dict) -> float:
 def host_bytes_per_token(pool: dict) -> float:
     """Bytes of host pages per token the host tier holds (page padding included)."""
     return pool["host_pages_used"] * pool["page_bytes"] / max(1, pool["host_tokens"])
+
+
+def tlru_headline(res: dict) -> str:
+    """Stock lpm with T-LRU eviction against plain lpm: turns/s (paired ratio) and later turns' reuse."""
+    meds = _think_medians(res)
+    t, plain = meds["stock-lpm-tlru"], meds["stock-lpm"]
+    return (f"stock lpm with T-LRU eviction {t['turns_per_s']:.3f} turns/s, "
+            f"{_ratio_cell(res, 'stock-lpm-tlru', 'stock-lpm')} plain lpm's {plain['turns_per_s']:.3f}; later turns "
+            f"reused {100 * t['reuse']:.1f}% against {100 * plain['reuse']:.1f}%")
 
 
 def think_time_row(res: dict, link_to: str, server: str = "tangram") -> list[str]:
@@ -919,6 +929,7 @@ DOC_BLOCKS = {
     "fidelity-long": lambda: long_table(),  # defined below
     "think-time": lambda: think_time_table(load(THINK_TIME)),
     "think-time-pareto": lambda: think_time_table(load(THINK_TIME_PARETO)),
+    "think-time-tlru": lambda: think_time_table(load(THINK_TIME_TLRU)),
     "think-time-host": lambda: think_time_table(load(THINK_TIME_HOST)),
     "think-time-host-sessions": lambda: think_time_table(load(THINK_TIME_HOST_SESSIONS)),
     "hit-recompute": hit_recompute_table,
@@ -1170,6 +1181,9 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "think_time_pareto": ("The think-time workload with heavy-tailed pauses (a Lomax of shape 1.5, the same mean): "
                           "the profile as launched against stock lpm",
                           lambda: " ".join(think_time_row(load(THINK_TIME_PARETO), "")[1:3]).replace("**", ""), None),
+    "think_time_tlru": ("The think-time workload on stock lpm with SGLang's Tail-Optimized LRU eviction "
+                        "(`--radix-eviction-policy tlru`) against plain lpm, a trial",
+                        lambda: tlru_headline(load(THINK_TIME_TLRU)), None),
     "think_time_host": ("The think-time workload with the profile's compressed host tier (2x the pool's bytes in host "
                         "memory), against stock lpm given the device and host bytes on the device (the bound on stock "
                         "HiCache, which does not run on a CPU) and stock lpm, with the 1.0 control's host tier",
