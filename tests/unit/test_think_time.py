@@ -75,7 +75,7 @@ def test_stock_servers_pass_sglangs_parser_and_tlru_is_not_plain_lru():
     assert "stock-lpm-tlru" in stock
     for name, extra in stock.items():
         args = parser.parse_args(["--model-path", "m", *extra])
-        assert args.schedule_policy == ("lpm" if name.startswith("stock-lpm") else "fcfs"), name
+        assert (args.schedule_policy == "lpm") == name.startswith("stock-lpm"), name   # else SGLang's default
     tlru = parser.parse_args(["--model-path", "m", *stock["stock-lpm-tlru"]])
     assert tlru.radix_eviction_policy == "tlru"
     assert tlru.radix_eviction_policy_config["threshold"] > tlru.radix_eviction_policy_config["next_prompt_estimate"]
