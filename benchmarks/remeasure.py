@@ -137,18 +137,19 @@ FIGURES: tuple[Figure, ...] = (
     Figure("pressure", "serving", "benchmarks.serving.pressure", (), ("--quick",)),
     Figure("soak", "serving", "benchmarks.serving.soak", ("--sessions", "200"), ("--sessions", "12", "--workers", "4")),
     Figure("fuzz", "serving", "benchmarks.serving.fuzz", (), ("--cases", "3")),
-    # the pool where memory binds hardest (stock reused 2% of the history there, one run, 2026-09), every stock
-    # a user could run (fcfs, lpm, each with and without the waiting-queue refresh), 3 alternating runs
+    # the pool where memory binds hardest (stock reused 2% of the history there, one run, 2026-09): stock as a
+    # user runs it (fcfs, lpm; lpm-refresh is lpm, the refresh skips cache-aware policies), the profile under its
+    # default policy (lpm) and its ratio-1.0 control, 3 alternating runs
     _concurrency("concurrency_multiturn_r04", "--sessions 12 --turns 4 --prompt-tokens 1000 --new-tokens 150 "
                  "--max-total-tokens 8192 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml "
-                 "--repeats 3 --stock-variants fcfs lpm refresh lpm-refresh"),
-    # the same on Qwen: refresh alone gave SmolLM2's stock nothing (0.99x), so its three strongest stocks
+                 "--repeats 3 --stock-variants fcfs lpm --control"),
+    # the same on Qwen
     _concurrency("concurrency_multiturn_qwen", "--model qwen2.5-0.5b --sessions 12 --turns 4 --prompt-tokens 1000 "
                  "--new-tokens 150 --max-total-tokens 8192 --ratios 0.25 "
-                 "--profile configs/qwen2.5-0.5b-fastkvzip.yaml --repeats 3 --stock-variants fcfs lpm lpm-refresh"),
+                 "--profile configs/qwen2.5-0.5b-fastkvzip.yaml --repeats 3 --stock-variants fcfs lpm --control"),
     _concurrency("concurrency_fp8", "--sessions 16 --turns 4 --prompt-tokens 1000 --new-tokens 150 --max-new-tokens 48 "
                  "--max-total-tokens 3072 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml "
-                 "--kv-cache-dtype auto fp8_e4m3 --repeats 3 --stock-variants fcfs lpm lpm-refresh"),
+                 "--kv-cache-dtype auto fp8_e4m3 --repeats 3 --stock-variants fcfs lpm"),
     _concurrency("concurrency_gemma_long", "--model gemma3-270m --profile configs/gemma3-270m-fastkvzip.yaml "
                  "--ratios 0.5 0.25 --sessions 6 --turns 3 --prompt-tokens 1300 --new-tokens 200 --max-new-tokens 32 "
                  "--max-total-tokens 3072 --repeats 3 --stock-variants fcfs refresh"),

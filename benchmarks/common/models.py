@@ -27,3 +27,15 @@ def _launch_models():
 def ensure_model(key: str) -> str:
     """The converted model folder of ``key`` (a launch/models.py name: smollm2, qwen2.5-0.5b, ...)."""
     return _launch_models().ensure_model(key)
+
+
+def uniform_profile_path(model_path: str) -> str:
+    """A uniform ratio-1.0 profile of the model (no compression: the data-plane control of a throughput
+    comparison), written once under /tmp."""
+    path = f"/tmp/tangram-think-time/{os.path.basename(model_path)}-uniform-1.0.yaml"
+    if not os.path.exists(path):
+        from tangram_sglang.profile.uniform import main as uniform
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        uniform(["--model-path", model_path, "--ratio", "1.0", "-o", path])
+    return path

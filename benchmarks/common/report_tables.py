@@ -590,14 +590,19 @@ def best_stock(modes: list[dict]) -> dict[int, dict]:
 
 def repeats_row(name: str, model: str) -> list:
     """README's row for repeated, alternating runs at one pool size: Tangram's turns/s against the best stock
-    server of the same repeat and against plain stock (fcfs), median (range)."""
+    server of the same repeat and against plain stock (fcfs), median (range); the ratio-1.0 control's
+    against the best stock where the run has one."""
     data = load(name)
     modes = data["modes"]
     best = best_stock(modes)
     plain = {m.get("repeat", 0): m for m in modes if m["mode"] == "stock"}
-    tg = [m for m in modes if m["ratio"] is not None]
+    tg = [m for m in modes if m["ratio"] is not None and not m.get("control")]
+    ctl = [m for m in modes if m.get("control")]
     vs_best = [turns_per_s(m) / turns_per_s(best[m.get("repeat", 0)]) for m in tg]
     vs_plain = [turns_per_s(m) / turns_per_s(plain[m.get("repeat", 0)]) for m in tg]
+    control = "" if not ctl else (
+        f"; the ratio-1.0 control {median_range([turns_per_s(m) / turns_per_s(best[m.get('repeat', 0)]) for m in ctl], '{:.2f}x')}"
+        f" the best stock's, reusing {pct(median([later_reuse(m) for m in ctl]))}")
     stem = pathlib.Path(data["args"]["profile"]).stem
     winners = dict.fromkeys(b["mode"].replace("stock-", "") for b in best.values())
     variants = " / ".join(v if v != "stock" else "fcfs" for v in data["args"].get("stock_variants", ["fcfs"]))
@@ -606,7 +611,7 @@ def repeats_row(name: str, model: str) -> list:
             f"of {tg[0]['max_total_tokens']:,} full-KV tokens, {a['sessions']} sessions x {a['turns']} turns of "
             f"{a['prompt_tokens']:,}-token prompts ({len(tg)} alternating runs)",
             f"**{median_range(vs_best, '{:.2f}x')}** the best stock's turns/s ({median_range(vs_plain, '{:.2f}x')} "
-            f"plain stock's); history reused {pct(median([later_reuse(m) for m in tg]))}",
+            f"plain stock's); history reused {pct(median([later_reuse(m) for m in tg]))}{control}",
             f"best stock per run (of {variants}): {', '.join(w if w != 'stock' else 'fcfs' for w in winners)}; it reuses "
             f"{pct(median([later_reuse(b) for b in best.values()]))}",
             link(name)]

@@ -49,7 +49,7 @@ from benchmarks.common.report_tables import think_figures as figures
 from benchmarks.common.report_tables import think_time_table as fmt_md
 from benchmarks.common.corpus import repo_texts
 from benchmarks.common.log import logger
-from benchmarks.common.models import ensure_model
+from benchmarks.common.models import ensure_model, uniform_profile_path
 from benchmarks.common.paths import ROOT, result_path
 from benchmarks.common.results import write_json, write_markdown
 from benchmarks.common.stamp import stamp
@@ -228,17 +228,6 @@ def run_sessions(url: str, wl: Workload, with_session_ids: bool) -> dict:
 
 
 # -- servers --------------------------------------------------------------------------------------
-def uniform_profile_path(model_path: str) -> str:
-    """A uniform ratio-1.0 profile of the model (written once under /tmp)."""
-    path = f"/tmp/tangram-think-time/{os.path.basename(model_path)}-uniform-1.0.yaml"
-    if not os.path.exists(path):
-        from tangram_sglang.profile.uniform import main as uniform
-
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        uniform(["--model-path", model_path, "--ratio", "1.0", "-o", path])
-    return path
-
-
 def run_server(name: str, model_path: str, args, wl: Workload) -> dict:
     kind, extra, sessions = SERVERS[name]
     tokens = args.max_total_tokens * BYTES_SCALE.get(name, 1)
