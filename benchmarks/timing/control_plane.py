@@ -3,7 +3,7 @@
 Workload per batch of B requests: N prompt tokens in chunks of C, D decode steps (batched over
 the B requests), then release. Per virtual layer v the budget beta_v is drawn in [0.05, 1].
 
-  tangram          RaggedKVCache, the served calls: admit (exact plan + reserve), prefill_chunk
+  tangram          RaggedKVCache, the served calls: admit (exact plan + reserve), prefill_chunks
                    (draw + slot ids), per decode step (batched) the capacity check
                    reserve_decode_step and decode_step, release. Vectorized over V = L x G with numpy.
   tangram_tables   the above plus the views for the attention side, as served on a CPU: the write
@@ -74,7 +74,7 @@ def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
         if tables:
             host = [cache.requests[r].pages for r in rids]
             npages, dead = np.stack([h.npages for h in host]), np.stack([h.dead for h in host])
-        writes = [cache.prefill_chunk(r, n) for r in rids]
+        writes = cache.prefill_chunks(rids, [n] * batch)   # as served: one draw per wave
         if tables:  # as served on a CPU (serving/runtime.py extend_metadata): rows == rids
             dev.extend(rids, rids, [cache.requests[r].pages for r in rids], npages, dead)
             chunk_slots_reference(writes)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tangram_sglang.pool.records import ChunkWrites
 from tangram_sglang.pool.request_pages import RequestPages, ragged_index
 
 
@@ -47,9 +48,9 @@ def stack_chunk_writes(writes) -> tuple[np.ndarray, np.ndarray]:
 
 
 def chunk_slots_reference(writes) -> list[np.ndarray]:
-    """The flat slots each layer writes for a batch's chunks (ChunkWrite per request): per layer
-    int64 [sum over (b, g) of counts[b, l, g]], in (b, g, j) order. DeviceBlockTables.chunk_slots
-    computes the same from the device tables.
+    """The flat slots each layer writes for a batch's chunks (ChunkWrites, or a list of one
+    ChunkWrite per request): per layer int64 [sum over (b, g) of counts[b, l, g]], in (b, g, j)
+    order. DeviceBlockTables.chunk_slots computes the same from the device tables.
 
     A run's slots are consecutive within each page, so the work is one piece per page touched
     (page id and where the piece starts) and one pass over the slots (repeat + arange), no
@@ -57,13 +58,19 @@ def chunk_slots_reference(writes) -> list[np.ndarray]:
 
     Example, P=2, B=1, L=1, G=2: pages [[[7, 3], [9, -1]]], offset [[1, 0]], counts [[3, 1]]
     -> [[15, 6, 7, 18]]."""
-    counts = np.stack([w.counts for w in writes]).astype(np.int64).transpose(1, 0, 2)      # [L, B, G]
-    offset = np.stack([w.offset for w in writes]).astype(np.int64).transpose(1, 0, 2)
+    if isinstance(writes, ChunkWrites):
+        counts, offset, stacked = writes.counts, writes.offset, writes.pages          # [B, L, G(, W)]
+        P = writes.page_size
+    else:
+        counts, offset = np.stack([w.counts for w in writes]), np.stack([w.offset for w in writes])
+        P = writes[0].page_size
+        stacked = np.zeros((*counts.shape, max(w.pages.shape[-1] for w in writes)), np.int32)
+        for i, w in enumerate(writes):
+            stacked[i, :, :, : w.pages.shape[-1]] = w.pages
+    counts = counts.astype(np.int64).transpose(1, 0, 2)                              # [L, B, G]
+    offset = offset.astype(np.int64).transpose(1, 0, 2)
     L, B, G = counts.shape
-    P = writes[0].page_size
-    pages = np.zeros((L, B, G, max(w.pages.shape[-1] for w in writes)), np.int64)
-    for i, w in enumerate(writes):
-        pages[:, i, :, : w.pages.shape[-1]] = w.pages
+    pages = stacked.astype(np.int64).transpose(1, 0, 2, 3)
     c, o, pages = counts.reshape(-1), offset.reshape(-1), pages.reshape(L * B * G, -1)
     run, k = ragged_index(np.where(c > 0, -(-(o + c) // P), 0))             # one piece per page touched
     lo = np.maximum(k * P - o[run], 0)                                      # the piece's slots [lo, hi) of its run

@@ -9,6 +9,7 @@ Life of a request (all per-v work is vectorized over the V = L * G virtual layer
     data.copy_pages(adm.copy_src, adm.copy_dst)       # prefix tails copied, if any
     for n in adm.plan.chunk_tokens:
         w = cache.prefill_chunk(rid, n)               # w.pages/offset or w.slot_locs [L, G, max_k]
+        # (cache.prefill_chunks(rids, sizes): one chunk of each request of a pass, drawn together)
         segs = cache.publish(rid)                     # the completed chunks become tree segments
     # each decode step of a batch rids (serving/runtime.py, serving/admission.py):
     short = cache.reserve_decode_step(rids)          # SGLang's capacity check: 0, or pages short
@@ -44,30 +45,16 @@ held by the tree, so it cannot be promised again); what is bounded is what is he
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from tangram_sglang.pool.batch_memo import BatchMemo
+from tangram_sglang.pool.chunk_draw import check_planned, draw_chunks, stack_writes
 from tangram_sglang.pool.page_pool import PagePool
-from tangram_sglang.pool.records import Admission, ChunkWrite, DecodeStep, PoolUsage, RequestRecord
+from tangram_sglang.pool.records import Admission, ChunkWrite, ChunkWrites, DecodeStep, PoolUsage, RequestRecord, StepPages
 from tangram_sglang.pool.request_pages import PageArena, RequestPages, div_mod, fast_mod, ragged_index
 from tangram_sglang.pool.reservation import plan_reservation
 from tangram_sglang.pool.segments import Segment, SegmentStore, assemble, page_columns
 from tangram_sglang.pool.spec import PoolError, PoolSpec, RequestTooLargeError
-
-
-@dataclass(frozen=True, kw_only=True)
-class _StepPages:
-    """The (request, v) pairs a decode step opens a page for: lens int32 [B, V] before the step,
-    opens int64 [n] flat indices into it, b / v their request and virtual layer, at their flat
-    index into the arena's [slots * V] fields."""
-
-    lens: np.ndarray
-    opens: np.ndarray
-    b: np.ndarray
-    v: np.ndarray
-    at: np.ndarray
 
 
 def window_dead(lens: np.ndarray, window: np.ndarray, page_size: int) -> np.ndarray:
@@ -93,7 +80,7 @@ class RaggedKVCache:
         self.arena = PageArena(spec.num_virtual)
         self.last_shortfall = 0  # pages the last refused admit lacked (evict that many, in one pass)
         self._slots = BatchMemo()  # arena slots of the last decode batch; changed() at every release
-        self._pending = None       # (epoch, rids, _StepPages) found by the last capacity check
+        self._pending = None       # (epoch, rids, StepPages) found by the last capacity check
 
     @classmethod
     def from_profile(cls, profile, *, page_size: int, num_pages: int, ratio: float | None = None,
@@ -206,12 +193,8 @@ class RaggedKVCache:
     def prefill_chunk(self, rid, num_tokens: int) -> ChunkWrite:
         """Draw the pages of the next planned chunk and return where its kept slots go."""
         req = self._req(rid)
-        k = len(req.chunk_ends)
-        planned = req.plan.chunk_tokens
-        if k >= len(planned) or planned[k] != num_tokens:
-            nxt = planned[k] if k < len(planned) else "none (prefill is complete)"
-            raise PoolError(f"request {rid!r}: prefill chunk of {num_tokens} tokens, but the planned next chunk is {nxt}")
-        counts = req.plan.chunk_slots[k]
+        check_planned([rid], [req], [num_tokens])
+        counts = req.plan.chunk_slots[len(req.chunk_ends)]
         self._trim(req)
         self._take(req, req.pages.pages_needed(req.pages.lens + counts))
         pages, offset = req.pages.chunk_pages(counts)
@@ -222,6 +205,15 @@ class RaggedKVCache:
         shape = (self.spec.num_layers, self.spec.num_groups)
         return ChunkWrite(pages=pages.reshape(*shape, -1), offset=offset.reshape(shape), counts=counts.reshape(shape),
                           page_size=self.spec.page_size)
+
+    def prefill_chunks(self, rids, sizes) -> ChunkWrites:
+        """prefill_chunk for each request of a batch (sizes: each one's next planned chunk), drawn
+        together: the same page ids in the same places and the same writes as calling it for rids
+        in order (pool/chunk_draw.py)."""
+        rids = list(rids)
+        if self.window_rows.size or len(rids) < 2:   # window layers release pages request by request
+            return stack_writes([self.prefill_chunk(r, int(n)) for r, n in zip(rids, sizes)], self.spec)
+        return draw_chunks(self, rids, sizes)
 
     def reserve_decode_step(self, rids) -> int:
         """Reserve the pages the next decode step of rids opens beyond their reservations (one per
@@ -243,13 +235,13 @@ class RaggedKVCache:
         self._pending = (self._slots.epoch, rids.copy(), step) if ready else None
         return 0
 
-    def _step_pages(self, slots: np.ndarray) -> "_StepPages":
+    def _step_pages(self, slots: np.ndarray) -> "StepPages":
         """Where the next decode step of the batch at arena slots [B] opens pages."""
         P, V = self.spec.page_size, self.spec.num_virtual
         lens = self.arena.lens[slots]                            # [B, V]
         opens = np.flatnonzero(fast_mod(lens, P) == 0)
         b, v = div_mod(opens, V)                               # ordered by request, then v
-        return _StepPages(lens=lens, opens=opens, b=b, v=v, at=slots[b] * V + v)
+        return StepPages(lens=lens, opens=opens, b=b, v=v, at=slots[b] * V + v)
 
     def decode_step(self, rids) -> DecodeStep | None:
         """One new slot per v for each request of the batch, in a few [B, V] array operations (no

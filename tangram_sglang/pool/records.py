@@ -26,7 +26,7 @@ class ChunkWrite:
     """Where one prefill chunk's kept KV goes, in (page, offset) form:
 
     pages int32 [L, G, W] (-1 padded) the pages the chunk's slots fall in, in order;
-    offset int64 [L, G] offset of its first slot in pages[..., 0]; counts int64 [L, G] kept slots.
+    offset int32 [L, G] offset of its first slot in pages[..., 0]; counts int64 [L, G] kept slots.
     Kept slot j of (l, g) lives in page pages[l, g, (offset + j) // P] at (offset + j) % P.
     ``slot_locs`` gives the flat ids page * P + offset, int64 [L, G, max(counts)], -1 padded.
     """
@@ -39,6 +39,30 @@ class ChunkWrite:
     @property
     def slot_locs(self) -> np.ndarray:
         return flat_slot_locs(self.pages, self.offset, self.counts, self.page_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkWrites:
+    """One prefill chunk of each of B requests, drawn together (RaggedKVCache.prefill_chunks):
+    pages int32 [B, L, G, W] (-1 padded), offset int32 [B, L, G], counts int64 [B, L, G], as
+    ChunkWrite's per request; widths int64 [B] each request's own W. ``writes[i]`` is request i's
+    ChunkWrite, exactly what prefill_chunk would have returned."""
+
+    pages: np.ndarray
+    offset: np.ndarray
+    counts: np.ndarray
+    widths: np.ndarray
+    page_size: int
+
+    def __len__(self) -> int:
+        return self.counts.shape[0]
+
+    def __getitem__(self, i: int) -> ChunkWrite:
+        return ChunkWrite(pages=self.pages[i, :, :, : int(self.widths[i])], offset=self.offset[i],
+                          counts=self.counts[i], page_size=self.page_size)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,3 +123,16 @@ class RequestRecord:
     @property
     def prefill_done(self) -> bool:
         return len(self.chunk_ends) == len(self.plan.chunk_tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepPages:
+    """The (request, v) pairs a decode step opens a page for: lens int32 [B, V] before the step,
+    opens int64 [n] flat indices into it, b / v their request and virtual layer, at their flat
+    index into the arena's [slots * V] fields."""
+
+    lens: np.ndarray
+    opens: np.ndarray
+    b: np.ndarray
+    v: np.ndarray
+    at: np.ndarray

@@ -111,6 +111,39 @@ class DeviceBlockTables:
         keep = sorted(set(range(len(rows))) - set(fresh))
         if not keep:
             return
+        arena = host[keep[0]].arena
+        if all(host[i].arena is arena for i in keep) and np.array_equal(
+                dead_before[keep], arena.dead[[host[i].slot for i in keep]]):
+            r, v, col, val, lens = self._new_columns(rows, host, keep, npages_before)
+        else:   # window columns released (or pages of several arenas): row by row
+            r, v, col, val, lens = self._new_columns_by_row(rows, host, keep, npages_before, dead_before)
+        self._ensure(max(rows[i] for i in keep), max(int(host[i].npages.max(initial=1)) for i in keep))
+        _, R, G, W = self.pages.shape
+        layer, g = np.divmod(v, G)
+        at = torch.from_numpy(((layer * R + r) * G + g) * W + col).to(self.device)   # flat: one index, fast
+        self.pages.view(-1)[at] = torch.from_numpy(val.astype(np.int32)).to(self.device)
+        self.lens[self._rows([rows[i] for i in keep])] = torch.from_numpy(lens.astype(np.int32)).to(self.device)
+
+    @staticmethod
+    def _new_columns(rows, host, keep, npages_before):
+        """The entries the kept rows' chunks opened, over (kept row x v) at once: (row, v, column,
+        page id) int64 [n] each, in the order _new_columns_by_row lists them, and lens [K, V]."""
+        arena = host[keep[0]].arena
+        slots = np.asarray([host[i].slot for i in keep], np.int64)
+        npages = arena.npages[slots].astype(np.int64)                        # [K, V]
+        first = np.minimum(npages_before[keep], npages).astype(np.int64)
+        K, V = npages.shape
+        flat, col = ragged_index((npages - first).reshape(-1))
+        k, v = np.divmod(flat, V)
+        col = col + first.reshape(-1)[flat]
+        cap = arena.pages.shape[2]
+        val = np.maximum(arena.pages.reshape(-1).take((np.repeat(slots, V)[flat] * V + v) * cap + col), 0)
+        return np.asarray(rows, np.int64)[np.asarray(keep)[k]], v, col, val, arena.lens[slots]
+
+    @staticmethod
+    def _new_columns_by_row(rows, host, keep, npages_before, dead_before):
+        """_new_columns one kept row at a time, with the window columns each released since
+        (zeros over [dead_before, dead)) after its new columns."""
         parts = []   # (row, v, column, page id) of each entry to set, per kept row
         for i in keep:
             h = host[i]
@@ -122,13 +155,8 @@ class DeviceBlockTables:
             parts.append((np.full(v.size + vd.size, rows[i], np.int64), np.concatenate([v, vd]),
                           np.concatenate([col, cd + gone[vd]]),
                           np.concatenate([np.maximum(h.pages[v, col], 0), np.zeros(vd.size, np.int32)])))
-        self._ensure(max(rows[i] for i in keep), max(int(host[i].npages.max(initial=1)) for i in keep))
         r, v, col, val = (np.concatenate(x) for x in zip(*parts))
-        G = self.num_groups
-        idx = torch.from_numpy(np.stack([v // G, r, v % G, col])).to(self.device)
-        self.pages[idx[0], idx[1], idx[2], idx[3]] = torch.from_numpy(val.astype(np.int32)).to(self.device)
-        lens = np.stack([host[i].lens for i in keep]).astype(np.int32)
-        self.lens[self._rows([rows[i] for i in keep])] = torch.from_numpy(lens).to(self.device)
+        return r, v, col, val, np.stack([host[i].lens for i in keep])
 
     def chunk_slots(self, rows: torch.Tensor, before: torch.Tensor, counts: np.ndarray) -> list[torch.Tensor]:
         """The flat slots an extend batch writes, per layer: int64 [sum over (b, g) of counts[b, l, g]]

@@ -203,7 +203,7 @@ class TangramServing:
             members = [i for i, p in enumerate(pieces) if len(p) > w]
             before = np.stack([host[i].lens for i in members]).astype(np.int32)
             protect = [self.requests[rids[i]].protect[len(self.cache.requests[rids[i]].chunk_ends)] for i in members]
-            writes = [self.cache.prefill_chunk(rids[i], pieces[i][w]) for i in members]
+            writes = self.cache.prefill_chunks([rids[i] for i in members], [pieces[i][w] for i in members])
             drawn.append((members, before, protect, writes))
         self.counters.prefill_passes += 1
         self.counters.prefill_chunks += sum(len(p) for p in pieces)
@@ -241,7 +241,7 @@ class TangramServing:
 
     def _wave_plan(self, rids, rows, width: int, before: np.ndarray, protect, writes, sizes) -> "ForwardPlan":
         """One wave's ForwardPlan: tables gathered for its rows, read up to ``before`` [b, V]."""
-        keep = np.stack([w.counts for w in writes])                     # [b, L, G]
+        keep = writes.counts                                            # [b, L, G]
         dev = self.data.k_pages.device
         before_t = torch.from_numpy(before).to(dev)
         table, lens = self.tables.view(rows, width, before_t)

@@ -120,8 +120,10 @@ def test_chunk_slots_reference_worked_example():
 @pytest.mark.parametrize("page_size,windows,seed", [(1, None, 0), (4, [0, 6, 0], 1), (16, None, 2), (4, [0, 3, 0], 3)])
 def test_extend_batches_write_the_old_slots_and_tables_follow_incrementally(page_size, windows, seed):
     """Random extend batches of several requests (chunks, windows, releases, re-used rows): the write
-    slots of chunk_slots_reference and of DeviceBlockTables.chunk_slots equal the old path's, and after
-    each incremental extend every row still equals the host pool (check) and the reference views."""
+    slots of chunk_slots_reference and of DeviceBlockTables.chunk_slots equal the old path's, the new
+    columns listed over all kept rows at once equal the row-by-row listing (where no window column was
+    released), and after each incremental extend every row still equals the host pool (check) and the
+    reference views."""
     from tangram_sglang.pool.block_table import chunk_slots_reference
 
     rng = random.Random(seed)
@@ -132,7 +134,7 @@ def test_extend_batches_write_the_old_slots_and_tables_follow_incrementally(page
     tables = DeviceBlockTables(L, G, page_size, "cpu", rows=2, width=1)
     pending: dict[str, list[int]] = {}   # rid -> chunks left
     rows: dict[str, int] = {}
-    free_rows, count, batches, incremental = list(range(12)), 0, 0, 0
+    free_rows, count, batches, incremental, vectorized = list(range(12)), 0, 0, 0, 0
     for _ in range(300):
         if (rng.random() < 0.35 or not pending) and free_rows:
             count += 1
@@ -151,6 +153,12 @@ def test_extend_batches_write_the_old_slots_and_tables_follow_incrementally(page
         old = _old_out_loc(writes, L)
         assert all(np.array_equal(a, b) for a, b in zip(chunk_slots_reference(writes), old))
         row_list, host = [rows[r] for r in rids], [cache.requests[r].pages for r in rids]
+        kept = [i for i, r in enumerate(rids) if tables.mirrors(rows[r], r)]
+        if kept and np.array_equal(dead0[kept], np.stack([host[i].dead for i in kept])):
+            whole = DeviceBlockTables._new_columns(row_list, host, kept, np0)   # the served path then
+            by_row = DeviceBlockTables._new_columns_by_row(row_list, host, kept, np0, dead0)
+            assert all(np.array_equal(a, b) for a, b in zip(whole, by_row))
+            vectorized += 1
         tables.extend(row_list, rids, host, np0, dead0)
         dev = tables.chunk_slots(torch.tensor(row_list), torch.from_numpy(before), np.stack([w.counts for w in writes]))
         assert all(np.array_equal(a.numpy(), b) for a, b in zip(dev, old))
@@ -163,7 +171,7 @@ def test_extend_batches_write_the_old_slots_and_tables_follow_incrementally(page
             cache.release(r)
             tables.forget(rows[r], r)
             free_rows.append(rows.pop(r))
-    assert batches > 100 and incremental > 100
+    assert batches > 100 and incremental > 100 and vectorized > 5
 
 
 def test_an_incremental_extend_zeroes_released_window_columns():
