@@ -35,6 +35,7 @@ class PoolCounters:
     admitted: int = 0
     waited: int = 0
     too_large: int = 0
+    plan_errors: int = 0   # requests failed: their chunk plan did not fit their cached prefix (expected 0)
     capped: int = 0
     retracted: int = 0
     evicted_segments: int = 0

@@ -25,6 +25,7 @@ GAUGES = {  # pool_info key -> help text
     "admitted": "Requests admitted (running total).",
     "waited": "Admissions deferred for lack of pages (running total).",
     "too_large": "Requests refused: the pool can never hold them (running total).",
+    "plan_errors": "Requests failed: their chunk plan did not fit their cached prefix; expected 0 (running total).",
     "capped": "Requests whose max_new_tokens was capped to what the pool can hold (running total).",
     "retracted": "Requests retracted from decode for lack of pages (running total).",
     "evicted_segments": "Radix tree segments evicted for room (running total).",

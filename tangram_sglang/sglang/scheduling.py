@@ -20,6 +20,7 @@ request waits (NO_TOKEN), exactly like SGLang's token budget.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 
@@ -35,12 +36,27 @@ from sglang.srt.managers.schedule_policy import (
 from sglang.srt.mem_cache.common import touch_waiting_prefix
 from sglang.srt.mem_cache.evict_policy import LRUStrategy
 
-from tangram_sglang.pool.spec import RequestTooLargeError
+from tangram_sglang.pool.spec import PoolError, RequestTooLargeError
 from tangram_sglang.serving.runtime import serving_of
+
+logger = logging.getLogger("tangram_sglang")
 
 
 def _added(adder, req) -> bool:
     return bool(adder.can_run_list) and adder.can_run_list[-1] is req
+
+
+def _fail_unplannable(serving, req, exc: Exception) -> AddReqResult:
+    """A request whose chunk plan disagrees with its cached prefix (the prefix ends inside a compressed
+    chunk, or leaves nothing to prefill): never expected, since the tree cuts a match by the same rule.
+    It must not leave SGLang's scheduler loop: the request fails with the reason (a 1-token request
+    next round, as SGLang fails bad input), holding no pages, and the server keeps serving."""
+    serving.counters.plan_errors += 1
+    if req.rid in serving.requests:
+        serving.release(req.rid)
+    logger.error("Tangram: request %s failed: its chunk plan does not fit its cached prefix (%s)", req.rid, exc)
+    req.set_finish_with_abort(f"Tangram: the request's cached prefix does not fit its chunk plan ({exc})")
+    return AddReqResult.NO_TOKEN
 
 
 class TangramPrefillAdder(PrefillAdder):
@@ -55,7 +71,10 @@ class TangramPrefillAdder(PrefillAdder):
         # The first chunk is never cut short by what else is in the pass (the kept set of a text must
         # not depend on batching): a request whose first chunk does not fit waits for the next pass,
         # where it comes first and has the whole chunk budget.
-        planned = serving.plan_chunks(req.full_untruncated_fill_ids, req.prefix_len, own_ratio(serving, req))
+        try:
+            planned = serving.plan_chunks(req.full_untruncated_fill_ids, req.prefix_len, own_ratio(serving, req))
+        except (ValueError, PoolError) as exc:
+            return _fail_unplannable(serving, req, exc)
         rem = self.rem_chunk_tokens
         if rem is not None and rem < planned[0][0]:
             return AddReqResult.OTHER
@@ -76,6 +95,8 @@ class TangramPrefillAdder(PrefillAdder):
             serving.counters.too_large += 1
             req.set_finish_with_abort(f"Tangram: {exc}")
             return AddReqResult.NO_TOKEN
+        except (ValueError, PoolError) as exc:
+            return _fail_unplannable(serving, req, exc)
         if not ok:
             return AddReqResult.NO_TOKEN
         res = super().add_one_req(req, has_chunked_req, truncation_align_size)
