@@ -304,7 +304,7 @@ def module_files(module: str) -> frozenset[str]:
 def _counted(path: str, fig: Figure) -> bool:
     """Files a non-fidelity figure depends on: served package files, the benchmark code and launch flags its
     module loads (module_files), the profiles it names and their gates."""
-    served = path.startswith("tangram_sglang/") and path.endswith(".py")
+    served = path.startswith("tangram_sglang/") and path.endswith((".py", ".c"))   # .c: the native control plane
     if served and not any(part in "/" + path for part in NOT_SERVED):
         return True
     profiles = {a for a in fig.full if a.startswith("configs/")}

@@ -11,7 +11,7 @@
 # - Then, on both, sglang's other runtime deps from pinned lists, under the torch installed.
 # - On a machine without a GPU build of sgl_kernel: the project's CPU stand-ins
 #   (tangram_sglang/cpu_compat/) go on sys.path through one .pth file.
-# - tangram_sglang itself, editable.
+# - tangram_sglang itself, editable, and its control plane's native loops (a C file, built with cc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TANGRAM_VENV:-.venv}
@@ -44,4 +44,7 @@ echo "[setup] torch $TORCH_VER"
 pip install -c "$VENV/torch-constraint.txt" -r launch/requirements-cpu.txt -r launch/requirements-dev.txt
 pip install --no-deps --no-build-isolation -e . 2>/dev/null || pip install --no-deps -e .
 "$VENV/bin/python" -m tangram_sglang.cpu_compat.install
+# the control plane's native loops (tangram_sglang/pool/native.py); without a C compiler, numpy's
+"$VENV/bin/python" -c "from tangram_sglang.pool import native; print('[setup] native control plane:', native.build())" \
+  || echo "[setup] no native control plane (no C compiler?): the numpy references serve"
 echo "[setup] done: $("$VENV/bin/python" -c 'import sglang, torch; print("sglang", sglang.__version__, "torch", torch.__version__)')"

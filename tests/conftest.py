@@ -55,3 +55,16 @@ def smollm2_path():
     sys.modules[spec.name] = models  # dataclasses look their module up by name
     spec.loader.exec_module(models)
     return models.ensure_model("smollm2")
+
+
+@pytest.fixture(params=["native", "numpy"])
+def control_plane(request, monkeypatch):
+    """Runs a test with the native control-plane loops (pool/native.py; a failure, not a skip, when the
+    library is not built) and again with their numpy references."""
+    from tangram_sglang.pool import native
+
+    if request.param == "native":
+        assert native.enabled(), "the native control plane is not built: run launch/setup.sh"
+    else:
+        monkeypatch.setattr(native, "_LIB", None)
+    return request.param

@@ -4,12 +4,16 @@ Workload per batch of B requests: N prompt tokens in chunks of C, D decode steps
 the B requests), then release. Per virtual layer v the budget beta_v is drawn in [0.05, 1].
 
   tangram          RaggedKVCache, the served calls: admit (exact plan + reserve), prefill_chunks
-                   (draw + slot ids), per decode step (batched) the capacity check
+                   (one draw per pass), per decode step (batched) the capacity check
                    reserve_decode_step and decode_step, release. Vectorized over V = L x G with numpy.
-  tangram_tables   the above plus the views for the attention side, as served on a CPU: the write
-                   slots of every chunk (chunk_slots_reference), DeviceBlockTables (here on CPU)
-                   extended with each chunk's pages, and its
-                   decode (write slots and lengths from the step's opened pages) every step.
+                   The pool outlives the batch, as in a server (sized by an untimed warm-up batch).
+  tangram_tables   the above plus the device block tables the attention side reads, as served:
+                   DeviceBlockTables (here on CPU) loaded / extended with each pass's pages and
+                   updated every decode step. Its torch ops are device work on a GPU.
+  write_slots      the flat slot of every kept (token, virtual layer) of every chunk, as a CPU
+                   serves them (chunk_slots_host on the host); a GPU computes the same on the
+                   device (DeviceBlockTables.chunk_slots). Per kept slot, about L x G x the kept
+                   share times SGLang's per-token out_cache_loc; not in the two columns above.
   compress_reclaim the same pool and block table, but no plan: each chunk allocates its
                    uncompressed length in every v, then, once compression is known, frees the
                    pages past the kept slots and truncates the table (compress-then-reclaim).
@@ -56,17 +60,32 @@ from benchmarks.common.results import write_json, write_markdown
 from benchmarks.common.stamp import stamp
 from tangram_sglang.method.budgets import keep_count
 from tangram_sglang.pool import PagePool, PoolSpec, RaggedKVCache, RequestPages, build_layer_tables, plan_reservation
-from tangram_sglang.pool.block_table import chunk_slots_reference
+from tangram_sglang.pool.block_table import chunk_slots_host
 from tangram_sglang.pool.request_pages import ragged_index
 
 
-def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
-    from tangram_sglang.serving.block_tables import DeviceBlockTables
+class TangramState:
+    """A pool and device block tables that outlive one batch, as in a server: built once per
+    configuration and sized by an untimed first batch (SGLang's allocator and req_to_token are
+    likewise allocated before its timing starts)."""
 
-    spec = PoolSpec(num_layers=L, num_groups=G, heads_per_group=1, head_dim=1, page_size=P, num_pages=_pages(beta, P, batch, chunks, decode))
-    cache = RaggedKVCache(spec, beta.reshape(L, G))
-    dev = DeviceBlockTables(L, G, P, "cpu", rows=batch) if tables else None
+    def __init__(self, beta, L, G, P, batch, chunks, decode):
+        from tangram_sglang.serving.block_tables import DeviceBlockTables
+
+        spec = PoolSpec(num_layers=L, num_groups=G, heads_per_group=1, head_dim=1, page_size=P,
+                        num_pages=_pages(beta, P, batch, chunks, decode))
+        self.cache = RaggedKVCache(spec, beta.reshape(L, G))
+        self.tables = DeviceBlockTables(L, G, P, "cpu", rows=batch)
+
+
+def run_tangram(state, batch, chunks, decode, tables=False):
+    """(prefill phase, whole request, write slots) seconds for one batch: the pool's calls, with
+    ``tables`` the device tables' too (extend per pass, decode per step) and the write slots of
+    every chunk as a CPU serves them (chunk_slots_host), timed apart: per kept slot, device
+    work on a GPU (DeviceBlockTables.chunk_slots)."""
+    cache, dev = state.cache, state.tables
     t0 = time.perf_counter()
+    slots = 0.0
     rids = list(range(batch))
     for r in rids:
         cache.admit(r, chunk_tokens=chunks, decode_tokens=decode)
@@ -75,9 +94,11 @@ def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
             host = [cache.requests[r].pages for r in rids]
             npages, dead = np.stack([h.npages for h in host]), np.stack([h.dead for h in host])
         writes = cache.prefill_chunks(rids, [n] * batch)   # as served: one draw per wave
-        if tables:  # as served on a CPU (serving/runtime.py extend_metadata): rows == rids
+        if tables:  # as served (serving/runtime.py extend_waves): rows == rids
             dev.extend(rids, rids, [cache.requests[r].pages for r in rids], npages, dead)
-            chunk_slots_reference(writes)
+            ts = time.perf_counter()
+            chunk_slots_host(writes)
+            slots += time.perf_counter() - ts
     t1 = time.perf_counter()
     for _ in range(decode):
         if cache.reserve_decode_step(rids) != 0:
@@ -87,7 +108,10 @@ def run_tangram(beta, L, G, P, batch, chunks, decode, tables=False):
             dev.decode(rids, step.opened, step.width)
     for r in rids:
         cache.release(r)
-    return t1 - t0, time.perf_counter() - t0
+        if tables:
+            dev.forget(r, r)
+    t2 = time.perf_counter()
+    return t1 - t0 - slots, t2 - t0 - slots, slots
 
 
 def run_compress_reclaim(beta, L, G, P, batch, chunks, decode):
@@ -322,9 +346,10 @@ def decode_step_main(args, sg, run_stamp: dict):
 
 
 def best(fn, repeat):
-    """(prefill phase, whole request) seconds, each the best of repeat runs."""
+    """Each returned time, the best of repeat runs after one untimed warm-up run."""
+    fn()
     runs = [fn() for _ in range(repeat)]
-    return min(r[0] for r in runs), min(r[1] for r in runs)
+    return tuple(min(r[i] for r in runs) for i in range(len(runs[0])))
 
 
 def main(argv=None):
@@ -336,7 +361,7 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--decode", type=int, default=32)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-loop", action="store_true", help="skip the per-v Python loop baseline")
     ap.add_argument("--decode-step", action="store_true", help="per decode step of a running batch (see above)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[2048, 32768], help="--decode-step: tokens per request")
@@ -355,9 +380,10 @@ def main(argv=None):
         for G in args.groups:
             beta = rng.uniform(0.05, 1.0, L * G)
             us = lambda f: tuple(1e6 * t / B for t in best(f, args.repeat))  # noqa: E731
-            row = dict(L=L, G=G, V=L * G,
-                       tangram=us(lambda: run_tangram(beta, L, G, P, B, chunks, D)),
-                       tangram_tables=us(lambda: run_tangram(beta, L, G, P, B, chunks, D, tables=True)),
+            state = TangramState(beta, L, G, P, B, chunks, D)
+            tables = us(lambda: run_tangram(state, B, chunks, D, tables=True))
+            row = dict(L=L, G=G, V=L * G, tangram=us(lambda: run_tangram(state, B, chunks, D))[:2],
+                       tangram_tables=tables[:2], write_slots=(tables[2], tables[2]),
                        compress_reclaim=us(lambda: run_compress_reclaim(beta, L, G, P, B, chunks, D)))
             if not args.no_loop:
                 row["per_v_loop"] = us(lambda: run_per_v_loop(beta, L, G, P, B, chunks, D))
@@ -365,7 +391,8 @@ def main(argv=None):
                 row["sglang_paged"] = us(lambda: run_sglang(sg, P, B, chunks, D))
             rows.append(row)
             print({k: (tuple(round(x) for x in v) if isinstance(v, tuple) else v) for k, v in row.items()}, flush=True)
-    cols = [c for c in ("tangram", "tangram_tables", "compress_reclaim", "per_v_loop", "sglang_paged") if c in rows[0]]
+    cols = [c for c in ("tangram", "tangram_tables", "write_slots", "compress_reclaim", "per_v_loop", "sglang_paged")
+            if c in rows[0]]
     lines = [f"Host microseconds per request (best of {args.repeat}); batch {B}, {args.tokens} prompt tokens in "
              f"chunks of {args.chunk}, {D} decode steps (batched), P={P}. In brackets: time / tangram.", ""]
     for phase, idx in (("Prefill phase: admission + allocation of every chunk", 0),

@@ -15,13 +15,14 @@ Worked example, P=2, B=1, L=1, G=2, pages [[7, 3], [9]], lens [3, 1]:
 Prefill writes come as ChunkWrite per request (slot_locs [L, G, max_k], -1
 padded); stack_chunk_writes pads them to one [B, L, G, K] array, and
 chunk_slots_reference lists the flat slots each layer writes, the form the
-attention backend takes (out_loc).
+attention backend takes (out_loc); chunk_slots_host gives the same from the native loop.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from tangram_sglang.pool import native
 from tangram_sglang.pool.records import ChunkWrites
 from tangram_sglang.pool.request_pages import RequestPages, ragged_index
 
@@ -45,6 +46,13 @@ def stack_chunk_writes(writes) -> tuple[np.ndarray, np.ndarray]:
     for i, w in enumerate(writes):
         locs[i, :, :, : w.slot_locs.shape[-1]] = w.slot_locs
     return locs, np.stack([w.counts for w in writes])
+
+
+def chunk_slots_host(writes) -> list[np.ndarray]:
+    """chunk_slots_reference's answer, from the native loop where it is built (pool/native.py)."""
+    if native.enabled() and isinstance(writes, ChunkWrites):
+        return native.chunk_slots(writes.pages, writes.offset, writes.counts, writes.page_size)
+    return chunk_slots_reference(writes)
 
 
 def chunk_slots_reference(writes) -> list[np.ndarray]:

@@ -12,26 +12,35 @@ from __future__ import annotations
 
 import numpy as np
 
+from tangram_sglang.pool import native
 from tangram_sglang.pool.records import ChunkWrite, ChunkWrites
 from tangram_sglang.pool.request_pages import div_mod
 from tangram_sglang.pool.spec import PoolError, PoolSpec
 
 
-def chunk_pages(arena_pages: np.ndarray, slots: np.ndarray, lens: np.ndarray, counts: np.ndarray,
-                page_size: int):
-    """RequestPages.chunk_pages over a batch of arena slots: arena_pages int32 [S, V, cap], slots
-    int64 [B], lens / counts [B, V] -> (pages the runs fall in int32 [B, V, W] -1 padded, first
-    offset [B, V] of lens' dtype, each request's own W int64 [B]). Reads only the B x V x W
-    entries it returns, through flat indices (numpy's fast path)."""
+def chunk_pages(arena, slots: np.ndarray, lens: np.ndarray, counts: np.ndarray, page_size: int):
+    """RequestPages.chunk_pages over a batch of arena slots: arena a PageArena, slots int64 [B],
+    lens int32 / counts int64 [B, V] -> (pages the runs fall in int32 [B, V, W] -1 padded, first
+    offset [B, V] int32, each request's own W int64 [B])."""
     first, offset = div_mod(lens, page_size)
     ncols = np.where(counts > 0, -(-(offset + counts) // page_size), 0)
     widths = np.maximum(1, ncols.max(axis=1, initial=0))
     width = int(widths.max(initial=1))
+    if native.enabled():
+        return native.chunk_pages(arena, slots, lens, counts, page_size, width), offset, widths
+    return chunk_pages_reference(arena.pages, slots, first, ncols, width), offset, widths
+
+
+def chunk_pages_reference(arena_pages: np.ndarray, slots: np.ndarray, first: np.ndarray, ncols: np.ndarray,
+                          width: int) -> np.ndarray:
+    """The numpy form of chunk_pages' pages: the ncols [B, V] columns of each arena row (slots[b], v)
+    from column first [B, V], int32 [B, V, width] -1 padded. Reads only the B x V x width entries it
+    returns, through flat indices (numpy's fast path)."""
     _, V, cap = arena_pages.shape
     row = (slots[:, None] * V + np.arange(V)) * cap + first                  # [B, V] flat id of column first
     valid = np.arange(width) < ncols[..., None]
     at = np.where(valid, row[..., None] + np.arange(width), 0)
-    return np.where(valid, arena_pages.reshape(-1).take(at), -1).astype(np.int32), offset, widths
+    return np.where(valid, arena_pages.reshape(-1).take(at), -1).astype(np.int32)
 
 
 def stack_writes(writes: list[ChunkWrite], spec: PoolSpec) -> ChunkWrites:
@@ -60,6 +69,24 @@ def check_planned(rids, reqs, sizes) -> None:
             raise PoolError(f"request {rid!r}: prefill chunk of {n} tokens, but the planned next chunk is {nxt}")
 
 
+def _draw(pool, arena, slots: np.ndarray, need: np.ndarray, npages: np.ndarray) -> None:
+    """need [B, V] pages per (b, v) from the reservation, appended to the arena rows of slots (npages
+    [B, V] before), handed out in (b, v) order: as prefill_chunk request by request."""
+    total = int(need.sum())
+    if native.enabled():
+        if total > pool.reserved:
+            raise PoolError(f"take({total}, from_reserved={total}) with {pool.reserved} reserved")
+        pool.reserved -= total
+        native.draw(pool, arena, slots, need)
+        return
+    ids = pool.take(total, from_reserved=total)
+    V, cap = arena.num_virtual, arena.pages.shape[2]
+    n = need.reshape(-1)
+    start = ((slots[:, None] * V + np.arange(V)) * cap + npages).reshape(-1) - (np.cumsum(n) - n)
+    arena.pages.reshape(-1)[np.repeat(start, n) + np.arange(total)] = ids
+    arena.npages[slots] = npages + need
+
+
 def draw_chunks(cache, rids: list, sizes) -> ChunkWrites:
     """cache.prefill_chunk(rid, n) for each (rid, n) in order, for a RaggedKVCache without window
     layers: the planned next chunk of each request, its pages drawn from its reservation."""
@@ -73,17 +100,11 @@ def draw_chunks(cache, rids: list, sizes) -> ChunkWrites:
     need = np.maximum(0, -(-(lens + counts) // P) - npages)
     if np.any(need > A.reserved_left[slots]):
         raise PoolError("a prefill draw exceeded the request's reservation (plan and writes disagree)")
-    total = int(need.sum())
-    ids = cache.pool.take(total, from_reserved=total)
     A.ensure_capacity(int((npages + need).max(initial=0)))
-    V, cap = cache.spec.num_virtual, A.pages.shape[2]
-    n = need.reshape(-1)                                  # (b, v) in order: as request by request
-    start = ((slots[:, None] * V + np.arange(V)) * cap + npages).reshape(-1) - (np.cumsum(n) - n)
-    A.pages.reshape(-1)[np.repeat(start, n) + np.arange(total)] = ids
-    A.npages[slots] = npages + need
+    _draw(cache.pool, A, slots, need, npages)
     A.reserved_left[slots] -= need.astype(np.int32)
     A.taken[slots] += need.astype(np.int32)
-    pages, offset, widths = chunk_pages(A.pages, slots, held, counts, P)
+    pages, offset, widths = chunk_pages(A, slots, held, counts, P)
     A.lens[slots] = lens + counts
     for rid, req, end in zip(rids, reqs, A.lens[slots]):
         req.chunk_ends.append(end)

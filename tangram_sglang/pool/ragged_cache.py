@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tangram_sglang.pool import native
 from tangram_sglang.pool.batch_memo import BatchMemo
 from tangram_sglang.pool.chunk_draw import check_planned, draw_chunks, stack_writes
 from tangram_sglang.pool.page_pool import PagePool
@@ -224,16 +225,23 @@ class RaggedKVCache:
         The pages found are remembered for the step (only a release or a decode step can change them)."""
         rids = rids if isinstance(rids, list) else list(rids)
         slots, ready = self._batch_slots(rids, live_only=True)
-        step = self._step_pages(slots)
         flat_left = self.arena.reserved_left.reshape(-1)
-        need = step.at[flat_left.take(step.at) == 0]            # reserved_left >= 0 (integrity)
+        if self._native():   # the same search in one loop (the step finds its pages as cheaply)
+            step, need = None, native.step_need(self.arena, slots, self.spec.page_size)
+        else:
+            step = self._step_pages(slots)
+            need = step.at[flat_left.take(step.at) == 0]        # reserved_left >= 0 (integrity)
         short = need.size - self.pool.available
         if short > 0:
             return short
         self.pool.reserve(need.size)
         flat_left.put(need, 1)                                  # now every page the step opens is reserved
-        self._pending = (self._slots.epoch, rids.copy(), step) if ready else None
+        self._pending = (self._slots.epoch, rids.copy(), step) if ready and step is not None else None
         return 0
+
+    def _native(self) -> bool:
+        """Whether decode steps run the native loops (pool/native.py): built, and no window layers."""
+        return not self.window_rows.size and native.enabled()
 
     def _step_pages(self, slots: np.ndarray) -> "StepPages":
         """Where the next decode step of the batch at arena slots [B] opens pages."""
@@ -251,8 +259,10 @@ class RaggedKVCache:
         available. Work past the [B, V] length update is O(pages opened); the pages found by
         the capacity check just before (reserve_decode_step of the same rids) are reused."""
         rids = rids if isinstance(rids, list) else list(rids)
-        slots = self._decode_slots(rids)
+        slots = self._batch_slots(rids, live_only=False)[0]   # PoolError unless all admitted and prefilled
         pending, self._pending = self._pending, None
+        if self._native():
+            return native.decode(self.pool, self.arena, slots)
         checked = pending is not None and pending[0] == self._slots.epoch and pending[1] == rids
         step = pending[2] if checked else self._step_pages(slots)
         P, A = self.spec.page_size, self.arena
@@ -297,11 +307,6 @@ class RaggedKVCache:
         ids, refs = np.unique(ids[ids >= 0], return_counts=True)  # requests sharing a prefix page
         for k in range(int(refs.max(initial=0))):               # each drop their reference on it
             self.pool.decref(ids[refs > k])
-
-    def _decode_slots(self, rids) -> np.ndarray:
-        """Arena slots of a decoding batch, int64 [B]; raises PoolError unless every rid is
-        admitted and done with prefill."""
-        return self._batch_slots(rids, live_only=False)[0]
 
     def _batch_slots(self, rids, *, live_only: bool) -> tuple[np.ndarray, bool]:
         """(slots of the admitted rids, whether every rid is admitted and done with prefill);

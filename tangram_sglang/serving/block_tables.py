@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tangram_sglang.pool import native
 from tangram_sglang.pool.block_table import build_layer_tables
 from tangram_sglang.pool.request_pages import RequestPages, ragged_index
 from tangram_sglang.pool.spec import PoolError
@@ -112,16 +113,30 @@ class DeviceBlockTables:
         if not keep:
             return
         arena = host[keep[0]].arena
-        if all(host[i].arena is arena for i in keep) and np.array_equal(
-                dead_before[keep], arena.dead[[host[i].slot for i in keep]]):
-            r, v, col, val, lens = self._new_columns(rows, host, keep, npages_before)
-        else:   # window columns released (or pages of several arenas): row by row
-            r, v, col, val, lens = self._new_columns_by_row(rows, host, keep, npages_before, dead_before)
+        whole = all(host[i].arena is arena for i in keep) and np.array_equal(
+            dead_before[keep], arena.dead[[host[i].slot for i in keep]])
         self._ensure(max(rows[i] for i in keep), max(int(host[i].npages.max(initial=1)) for i in keep))
-        _, R, G, W = self.pages.shape
-        layer, g = np.divmod(v, G)
-        at = torch.from_numpy(((layer * R + r) * G + g) * W + col).to(self.device)   # flat: one index, fast
-        self.pages.view(-1)[at] = torch.from_numpy(val.astype(np.int32)).to(self.device)
+        if whole and native.enabled():
+            slots = np.asarray([host[i].slot for i in keep], np.int64)
+            npages = arena.npages[slots]
+            on_host = self.pages.numpy() if self.device.type == "cpu" else None   # written in place there
+            cols = native.new_columns(arena, slots, np.asarray(rows, np.int64)[keep],
+                                      np.minimum(npages_before[keep], npages).astype(np.int64), npages,
+                                      tuple(self.pages.shape), on_host)
+            lens = arena.lens[slots]
+            if cols is None:
+                self.lens[self._rows([rows[i] for i in keep])] = torch.from_numpy(lens.astype(np.int32))
+                return
+            at, val = cols
+        else:
+            if whole:
+                r, v, col, val, lens = self._new_columns(rows, host, keep, npages_before)
+            else:   # window columns released (or pages of several arenas): row by row
+                r, v, col, val, lens = self._new_columns_by_row(rows, host, keep, npages_before, dead_before)
+            _, R, G, W = self.pages.shape
+            layer, g = np.divmod(v, G)
+            at = ((layer * R + r) * G + g) * W + col                         # flat: one index, fast
+        self.pages.view(-1)[torch.from_numpy(at).to(self.device)] = torch.from_numpy(val.astype(np.int32)).to(self.device)
         self.lens[self._rows([rows[i] for i in keep])] = torch.from_numpy(lens.astype(np.int32)).to(self.device)
 
     @staticmethod

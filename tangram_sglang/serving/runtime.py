@@ -29,7 +29,7 @@ from tangram_sglang.attention.compression import ChunkPlan
 from tangram_sglang.attention.page_data import KVPageData
 from tangram_sglang.pool import RaggedKVCache
 from tangram_sglang.pool.batch_memo import BatchMemo
-from tangram_sglang.pool.block_table import chunk_slots_reference
+from tangram_sglang.pool.block_table import chunk_slots_host
 from tangram_sglang.pool.spec import PoolError, PoolSpec
 from tangram_sglang.scorers import ScorerState
 from tangram_sglang.serving.admission import AdmissionControl, PoolCounters
@@ -246,7 +246,7 @@ class TangramServing:
         before_t = torch.from_numpy(before).to(dev)
         table, lens = self.tables.view(rows, width, before_t)
         if dev.type == "cpu":   # the host's own arrays: no device round trip to save
-            out = [torch.from_numpy(x) for x in chunk_slots_reference(writes)]
+            out = [torch.from_numpy(x) for x in chunk_slots_host(writes)]
         else:
             out = self.tables.chunk_slots(torch.as_tensor(rows, dtype=torch.int64).to(dev), before_t, keep)
         chunks = [ChunkPlan.build(sizes, keep[:, layer], dev) for layer in range(self.spec.num_layers)]

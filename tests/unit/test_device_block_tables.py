@@ -118,13 +118,16 @@ def test_chunk_slots_reference_worked_example():
 
 
 @pytest.mark.parametrize("page_size,windows,seed", [(1, None, 0), (4, [0, 6, 0], 1), (16, None, 2), (4, [0, 3, 0], 3)])
-def test_extend_batches_write_the_old_slots_and_tables_follow_incrementally(page_size, windows, seed):
+def test_extend_batches_write_the_old_slots_and_tables_follow_incrementally(page_size, windows, seed, control_plane):
     """Random extend batches of several requests (chunks, windows, releases, re-used rows): the write
     slots of chunk_slots_reference and of DeviceBlockTables.chunk_slots equal the old path's, the new
     columns listed over all kept rows at once equal the row-by-row listing (where no window column was
     released), and after each incremental extend every row still equals the host pool (check) and the
-    reference views."""
-    from tangram_sglang.pool.block_table import chunk_slots_reference
+    reference views. Run with the native loops (the write slots and the new columns' flat indices equal
+    the numpy references') and with the references alone."""
+    from tangram_sglang.pool import native
+    from tangram_sglang.pool.block_table import chunk_slots_host, chunk_slots_reference
+    from tangram_sglang.pool.chunk_draw import stack_writes
 
     rng = random.Random(seed)
     L, G = 3, 2
@@ -152,6 +155,7 @@ def test_extend_batches_write_the_old_slots_and_tables_follow_incrementally(page
         writes = [cache.prefill_chunk(r, pending[r].pop(0)) for r in rids]
         old = _old_out_loc(writes, L)
         assert all(np.array_equal(a, b) for a, b in zip(chunk_slots_reference(writes), old))
+        assert all(np.array_equal(a, b) for a, b in zip(chunk_slots_host(stack_writes(writes, spec)), old))
         row_list, host = [rows[r] for r in rids], [cache.requests[r].pages for r in rids]
         kept = [i for i, r in enumerate(rids) if tables.mirrors(rows[r], r)]
         if kept and np.array_equal(dead0[kept], np.stack([host[i].dead for i in kept])):
@@ -159,6 +163,15 @@ def test_extend_batches_write_the_old_slots_and_tables_follow_incrementally(page
             by_row = DeviceBlockTables._new_columns_by_row(row_list, host, kept, np0, dead0)
             assert all(np.array_equal(a, b) for a, b in zip(whole, by_row))
             vectorized += 1
+            if native.enabled():   # the flat indices extend writes through, as the reference computes them
+                tables._ensure(max(row_list), max(int(h.npages.max(initial=1)) for h in host))
+                r, v, col, val, _ = whole
+                _, R, G_, W = tables.pages.shape
+                slots = np.asarray([host[i].slot for i in kept], np.int64)
+                npg = host[0].arena.npages[slots]
+                at, nval = native.new_columns(host[0].arena, slots, np.asarray(row_list, np.int64)[kept],
+                                              np.minimum(np0[kept], npg).astype(np.int64), npg, tuple(tables.pages.shape))
+                assert np.array_equal(at, ((v // G_ * R + r) * G_ + v % G_) * W + col) and np.array_equal(nval, val)
         tables.extend(row_list, rids, host, np0, dead0)
         dev = tables.chunk_slots(torch.tensor(row_list), torch.from_numpy(before), np.stack([w.counts for w in writes]))
         assert all(np.array_equal(a.numpy(), b) for a, b in zip(dev, old))

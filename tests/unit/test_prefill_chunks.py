@@ -3,13 +3,16 @@ called request by request: two caches driven through the same random workloads (
 and without a cached prefix, waves over random subsets of the requests, decode steps, finishes
 and aborts) must hand out the same page ids, return the same writes (values and dtypes) and end
 every operation in the same state, each passing its integrity check; chunk_slots_reference gives
-the same write slots from the stacked writes as from the list."""
+the same write slots from the stacked writes as from the list. Decode steps (with and without
+SGLang's capacity check first) run the numpy reference on the first cache and, where the library is
+built, the native loops on the second. Each workload runs with the native loops (pool/native.py) and
+with the numpy references."""
 
 import numpy as np
 import pytest
 
-from tangram_sglang.pool.block_table import chunk_slots_reference
-from tangram_sglang.pool import PoolError, PoolSpec, RaggedKVCache, RequestTooLargeError
+from tangram_sglang.pool.block_table import chunk_slots_host, chunk_slots_reference
+from tangram_sglang.pool import PoolError, PoolSpec, RaggedKVCache, RequestTooLargeError, native
 from tangram_sglang.pool.records import ChunkWrite, ChunkWrites
 
 from pool_driver import finish
@@ -54,6 +57,15 @@ def _same_state(old: RaggedKVCache, new: RaggedKVCache) -> None:
         cache.check_integrity()
 
 
+def reference(fn, *args):
+    """fn(*args) with the numpy references, whatever the control_plane fixture chose."""
+    saved, native._LIB = native._LIB, None
+    try:
+        return fn(*args)
+    finally:
+        native._LIB = saved
+
+
 def _workload(seed: int, steps: int = 60) -> None:
     rng = np.random.default_rng(seed)
     old, new = _caches(rng)
@@ -89,14 +101,22 @@ def _workload(seed: int, steps: int = 60) -> None:
             assert isinstance(writes_new, ChunkWrites) and len(writes_new) == len(batch)
             for w_old, w_new in zip(writes_old, writes_new):
                 _same_write(w_old, w_new)
-            if batch:  # the wave's write slots, from the stacked writes and from the list
-                for s_old, s_new in zip(chunk_slots_reference(writes_old), chunk_slots_reference(writes_new)):
+            if batch:  # the wave's write slots, from the stacked writes (native where built) and from the list
+                for s_old, s_new, s_host in zip(chunk_slots_reference(writes_old), chunk_slots_reference(writes_new),
+                                                chunk_slots_host(writes_new)):
                     np.testing.assert_array_equal(s_old, s_new)
-        elif op == "decode":
+                    np.testing.assert_array_equal(s_old, s_host)
+        elif op == "decode":   # the reference pool decodes with numpy; the other with the native loops
             ready = [r for r in live if old.requests[r].prefill_done]
             if ready:
-                s_old, s_new = old.decode_step(ready), new.decode_step(ready)
+                if rng.random() < 0.5:   # SGLang's capacity check first (a step it reserved), or not
+                    assert reference(old.reserve_decode_step, ready) == new.reserve_decode_step(ready)
+                    _same_state(old, new)
+                s_old, s_new = reference(old.decode_step, ready), new.decode_step(ready)
                 assert (s_old is None) == (s_new is None)
+                if s_old is not None:
+                    np.testing.assert_array_equal(s_old.opened, s_new.opened)
+                    assert s_old.width == s_new.width
         elif op == "evict":
             if old.store.segments:
                 seg = int(rng.choice(list(old.store.segments)))
@@ -115,7 +135,7 @@ def _workload(seed: int, steps: int = 60) -> None:
 
 
 @pytest.mark.parametrize("seed", range(24))
-def test_prefill_chunks_equals_prefill_chunk_request_by_request(seed):
+def test_prefill_chunks_equals_prefill_chunk_request_by_request(seed, control_plane):
     _workload(seed)
 
 

@@ -82,6 +82,7 @@ def test_the_neutral_record_names_commits_with_their_evidence():
 def test_counted_files_are_the_served_package_the_module_and_its_profiles():
     counted = lambda p: remeasure._counted(p, FIG)  # noqa: E731
     assert counted("tangram_sglang/pool/page_pool.py") and counted("benchmarks/serving/soak.py")
+    assert counted("tangram_sglang/pool/native_src/control_plane.c")   # the native control plane serves too
     assert counted("configs/smollm2-snapkv.yaml") and counted("configs/smollm2-snapkv.gate.safetensors")
     assert not counted("tangram_sglang/oracle/serving_reference.py")       # never loaded by the server
     assert not counted("tangram_sglang/calibration/pilot.py") and not counted("README.md")
