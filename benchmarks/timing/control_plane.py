@@ -23,7 +23,7 @@ the B requests), then release. Per virtual layer v the budget beta_v is drawn in
                    same tokens uncompressed, one slot per token for all layers (req_to_token
                    rows written as SGLang does). Runs when sglang imports; says so otherwise.
 
-Times are host (CPU) microseconds per request, best of --repeat, measured in one run so the
+Times are host (CPU) microseconds per request, best of --repeat rounds that alternate the methods, measured in one run so the
 columns compare; ratios are to `tangram`.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.timing.control_plane
@@ -345,11 +345,17 @@ def decode_step_main(args, sg, run_stamp: dict):
                          lines, run_stamp))
 
 
-def best(fn, repeat):
-    """Each returned time, the best of repeat runs after one untimed warm-up run."""
-    fn()
-    runs = [fn() for _ in range(repeat)]
-    return tuple(min(r[i] for r in runs) for i in range(len(runs[0])))
+def best_alternating(fns: dict, repeat: int) -> dict:
+    """{name: each returned time, the best of repeat runs}: after one untimed warm-up run of each,
+    repeat rounds that run every method once in turn, so a slow spell of the host falls on all of
+    them alike."""
+    for fn in fns.values():
+        fn()
+    runs = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            runs[name].append(fn())
+    return {name: tuple(min(r[i] for r in rs) for i in range(len(rs[0]))) for name, rs in runs.items()}
 
 
 def main(argv=None):
@@ -361,11 +367,11 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--decode", type=int, default=32)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--no-loop", action="store_true", help="skip the per-v Python loop baseline")
     ap.add_argument("--decode-step", action="store_true", help="per decode step of a running batch (see above)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[2048, 32768], help="--decode-step: tokens per request")
-    ap.add_argument("--steps", type=int, default=64, help="--decode-step: steps timed (best and median reported)")
+    ap.add_argument("--steps", type=int, default=256, help="--decode-step: steps timed (best and median reported)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "timing"), help="folder of the results files")
     args = ap.parse_args(argv)
     run_stamp = stamp(argv)
@@ -379,21 +385,22 @@ def main(argv=None):
     for L in args.layers:
         for G in args.groups:
             beta = rng.uniform(0.05, 1.0, L * G)
-            us = lambda f: tuple(1e6 * t / B for t in best(f, args.repeat))  # noqa: E731
             state = TangramState(beta, L, G, P, B, chunks, D)
-            tables = us(lambda: run_tangram(state, B, chunks, D, tables=True))
-            row = dict(L=L, G=G, V=L * G, tangram=us(lambda: run_tangram(state, B, chunks, D))[:2],
-                       tangram_tables=tables[:2], write_slots=(tables[2], tables[2]),
-                       compress_reclaim=us(lambda: run_compress_reclaim(beta, L, G, P, B, chunks, D)))
+            fns = dict(tangram=lambda: run_tangram(state, B, chunks, D),
+                       tangram_tables=lambda: run_tangram(state, B, chunks, D, tables=True),
+                       compress_reclaim=lambda: run_compress_reclaim(beta, L, G, P, B, chunks, D))
             if not args.no_loop:
-                row["per_v_loop"] = us(lambda: run_per_v_loop(beta, L, G, P, B, chunks, D))
+                fns["per_v_loop"] = lambda: run_per_v_loop(beta, L, G, P, B, chunks, D)
             if sg is not None:
-                row["sglang_paged"] = us(lambda: run_sglang(sg, P, B, chunks, D))
+                fns["sglang_paged"] = lambda: run_sglang(sg, P, B, chunks, D)
+            times = {k: tuple(1e6 * t / B for t in v) for k, v in best_alternating(fns, args.repeat).items()}
+            row = dict(L=L, G=G, V=L * G, **{k: v[:2] for k, v in times.items()})
+            row["write_slots"] = (times["tangram_tables"][2],) * 2
             rows.append(row)
             print({k: (tuple(round(x) for x in v) if isinstance(v, tuple) else v) for k, v in row.items()}, flush=True)
     cols = [c for c in ("tangram", "tangram_tables", "write_slots", "compress_reclaim", "per_v_loop", "sglang_paged")
             if c in rows[0]]
-    lines = [f"Host microseconds per request (best of {args.repeat}); batch {B}, {args.tokens} prompt tokens in "
+    lines = [f"Host microseconds per request (best of {args.repeat} alternating rounds); batch {B}, {args.tokens} prompt tokens in "
              f"chunks of {args.chunk}, {D} decode steps (batched), P={P}. In brackets: time / tangram.", ""]
     for phase, idx in (("Prefill phase: admission + allocation of every chunk", 0),
                        ("Whole request: admission + prefill + decode + release", 1)):
