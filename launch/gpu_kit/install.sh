@@ -62,6 +62,11 @@ _tangram_kit_main() (
     echo "$digest" > "$scratch/site/.kit-sha256"
     say "unpacked kit ${digest:0:12} into $scratch/site ($(du -sm "$scratch/site" | cut -f1) MB)"
   fi
+  # the control plane's native loops (tangram_sglang/pool/native.py); without a C compiler, numpy's
+  if [ ! -f "$root/tangram_sglang/pool/_control_plane.so" ] && command -v cc >/dev/null 2>&1; then
+    cc -O3 -shared -fPIC -std=c99 -o "$root/tangram_sglang/pool/_control_plane.so" \
+      "$root/tangram_sglang/pool/native_src/control_plane.c" || say "warning: the native control plane did not build (numpy serves)"
+  fi
   local shims=$root/tangram_sglang/gpu_compat/shims
   [ -d "$shims" ] || say "warning: $shims does not exist (no sgl_kernel stand-in)"
   printf 'export PYTHONPATH=%q\n' "$shims:$scratch/site:$root${PYTHONPATH:+:$PYTHONPATH}"
