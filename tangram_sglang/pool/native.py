@@ -33,8 +33,9 @@ _SIGNATURES = {
     "tg_draw": [_P, _I, _P, _P, ctypes.c_int32, _P, _P, _I, _I, _P, _I, _P],
     "tg_chunk_pages": [_P, _I, _I, _P, _I, _P, _P, ctypes.c_int32, _I, _P],
     "tg_chunk_slots": [_P, _P, _P, _I, _I, _I, _I, ctypes.c_int32, _P],
-    "tg_new_columns": [_P, _I, _I, _P, _P, _I, _P, _P, _I, _I, _I, _P, _P, _P],
+    "tg_new_columns": [_P, _I, _I, _P, _P, _I, _P, _P, _I, _I, _I, _P, _P, _P, _I],
     "tg_step_need": [_P, _P, _I, _P, _I, ctypes.c_int32, _P],
+    "tg_release": [_P, _I, _P, _P, _P, _P, _I, _I, _I],
     "tg_decode": [_P, _I, _I, _P, _P, ctypes.c_int32, _P, _P, _P, _P, _P, _I, _I, _P, _I, _P, _P],
 }
 
@@ -89,8 +90,8 @@ def _ptr(a: np.ndarray, dtype) -> int:
 
 def _ok(code: int, what: str) -> int:
     if code < 0:
-        raise PoolError(f"native {what}: {'not enough free pages' if code == -1 else 'a bound was passed'} "
-                        "(nothing changed)")
+        why = {-1: "not enough free pages", -3: "a page without a reference to drop (double free)"}
+        raise PoolError(f"native {what}: {why.get(code, 'a bound was passed')} (nothing changed)")
     return code
 
 
@@ -132,10 +133,11 @@ def chunk_slots(pages: np.ndarray, offset: np.ndarray, counts: np.ndarray, page_
 
 
 def new_columns(arena, slots: np.ndarray, rows: np.ndarray, first: np.ndarray, npages: np.ndarray,
-                table_shape, table: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+                table_shape, table: np.ndarray | None = None, zero_to: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
     """DeviceBlockTables' new entries: (flat index int64, page id int32) into a table of table_shape
     [L, R, G, W] for columns [first, npages) (int64 / int32 [K, V]) of the arena rows of slots; or,
-    given the table itself (int32, host memory), written into it in place (returns None)."""
+    given the table itself (int32, host memory), written into it in place, columns [npages, zero_to)
+    zeroed (returns None)."""
     L, R, G, W = table_shape
     K, V = first.shape
     n = 0 if table is not None else int(np.maximum(npages - first, 0).sum())
@@ -145,7 +147,7 @@ def new_columns(arena, slots: np.ndarray, rows: np.ndarray, first: np.ndarray, n
     _ok(_LIB.tg_new_columns(_ptr(arena.pages, np.int32), V, arena.pages.shape[2], _ptr(slots, np.int64),
                             _ptr(rows, np.int64), K, _ptr(first, np.int64), _ptr(npages, np.int32), G, R, W,
                             _ptr(at, np.int64), _ptr(val, np.int32),
-                            None if table is None else _ptr(table, np.int32)), "new_columns")
+                            None if table is None else _ptr(table, np.int32), zero_to), "new_columns")
     return None if table is not None else (at, val)
 
 
@@ -190,3 +192,12 @@ def _scratch(name: str, size: int) -> np.ndarray:
     if buf is None or buf.size < size:
         buf = _SCRATCH[name] = np.empty(max(size, 2 * (0 if buf is None else buf.size)), np.int64)
     return buf
+
+
+def release(pool, arena, slot: int) -> None:
+    """pool.decref(held) of the request at arena slot: its live pages lose a reference, those at 0
+    go back on the free list in the same order."""
+    top = _LIB.tg_release(_ptr(pool._free, np.int32), pool._num_free, _ptr(pool.refcount, np.int32),
+                          _ptr(pool.fill, np.int32), _ptr(arena.pages, np.int32), _ptr(arena.npages, np.int32),
+                          arena.num_virtual, arena.pages.shape[2], int(slot))
+    pool._num_free = _ok(top, "release")

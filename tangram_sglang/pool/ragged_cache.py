@@ -375,7 +375,10 @@ class RaggedKVCache:
         rows = np.flatnonzero(mine)
         self.pool.fill[req.pages.pages[rows, col[rows]]] = (data_end % P)[rows]
         self.pool.unreserve(int(req.reserved_left.sum()))
-        self.pool.decref(req.pages.held())
+        if native.enabled():
+            native.release(self.pool, self.arena, req.pages.slot)
+        else:
+            self.pool.decref(req.pages.held())
         self.arena.free_slot(req.pages.slot)
 
     def evict(self, seg_id: int) -> int:

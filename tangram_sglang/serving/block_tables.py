@@ -90,13 +90,29 @@ class DeviceBlockTables:
         return torch.as_tensor(rows, dtype=torch.int64).to(self.device)
 
     def load(self, rows: list[int], rids: list, host: list[RequestPages]) -> None:
-        """Copy whole rows from the host pool (pages and lens as they are now)."""
+        """Copy whole rows from the host pool (pages and lens as they are now); zeros past each row's
+        pages up to the batch's widest."""
+        arena = host[0].arena
+        if self.device.type == "cpu" and native.enabled() and all(h.arena is arena for h in host):
+            return self._load_in_place(rows, rids, host, arena)
         table, lens = build_layer_tables(host, self.num_layers, self.num_groups)   # [B, L, G, W], [B, L, G]
         width = table.shape[-1]
         self._ensure(max(rows), width)
         idx = self._rows(rows)
         self.pages[:, idx, :, :width] = torch.from_numpy(table).to(self.device).transpose(0, 1)
         self.lens[idx] = torch.from_numpy(lens).to(self.device).view(len(rows), -1)
+        for r, rid in zip(rows, rids):
+            self.owner[int(r)] = rid
+
+    def _load_in_place(self, rows, rids, host, arena) -> None:
+        """load for tables in host memory, by the native loop: every column of each row written in place."""
+        slots = np.asarray([h.slot for h in host], np.int64)
+        npages = arena.npages[slots]
+        width = max(int(npages.max(initial=0)), 1)
+        self._ensure(max(rows), width)
+        native.new_columns(arena, slots, np.asarray(rows, np.int64), np.zeros(npages.shape, np.int64), npages,
+                           tuple(self.pages.shape), self.pages.numpy(), zero_to=width)
+        self.lens[self._rows(rows)] = torch.from_numpy(arena.lens[slots])
         for r, rid in zip(rows, rids):
             self.owner[int(r)] = rid
 

@@ -205,3 +205,26 @@ def test_an_incremental_extend_zeroes_released_window_columns():
     tables.extend([0], ["a"], [pages], n0, d0)
     assert tables.pages[0, 0, 0, : pages.dead[0]].tolist() == [0] * int(pages.dead[0])   # as a reload leaves them
     tables.check(0, pages)
+
+
+def test_a_row_loaded_again_holds_zeros_past_its_pages(control_plane):
+    """A reused row loaded whole (a request's first extend) holds 0 past its own pages up to the batch's
+    widest row, natively as with the numpy load, not the pages of the row's previous request."""
+    spec = PoolSpec(num_layers=2, num_groups=2, heads_per_group=1, head_dim=1, page_size=2, num_pages=200)
+    cache = RaggedKVCache(spec, np.full((2, 2), 1.0))
+    tables = DeviceBlockTables(2, 2, 2, "cpu", rows=2, width=1)
+    cache.admit("long", chunk_tokens=[20])
+    cache.prefill_chunk("long", 20)
+    tables.load([0], ["long"], [cache.requests["long"].pages])
+    assert int((tables.pages[:, 0] != 0).sum()) > 0
+    cache.release("long")
+    tables.forget(0, "long")
+    for rid, n in (("short", 3), ("wide", 16)):
+        cache.admit(rid, chunk_tokens=[n])
+        cache.prefill_chunk(rid, n)
+    tables.load([0, 1], ["short", "wide"], [cache.requests[r].pages for r in ("short", "wide")])
+    width = int(cache.requests["wide"].pages.npages.max())
+    short = tables.pages[:, 0, :, :width].numpy()
+    assert (short[..., 2:] == 0).all()   # its own two pages per (layer, group): check() below
+    tables.check(0, cache.requests["short"].pages)
+    tables.check(1, cache.requests["wide"].pages)

@@ -76,3 +76,18 @@ def test_runs_wider_than_their_output_and_rows_out_of_range_are_refused(lib):
         native.new_columns(arena, np.array([0], np.int64), np.array([2], np.int64), np.zeros((1, 3), np.int64),
                            arena.npages[[0]], table.shape, table)
     assert np.count_nonzero(table) == 1
+
+
+def test_a_release_frees_in_list_order_and_refuses_a_double_free(lib):
+    pool, arena = _state()
+    pool.reserved = 3
+    native.draw(pool, arena, np.array([0], np.int64), np.array([[2, 1, 0]], np.int64))
+    pool.reserved -= 3
+    pool.incref(np.array([1]))                       # a page the tree holds too
+    native.release(pool, arena, 0)
+    assert pool.free_ids()[-2:].tolist() == [0, 2] and pool.refcount[1] == 1 and pool.fill[[0, 2]].tolist() == [0, 0]
+    pool.decref(np.array([1]))
+    before = _snapshot(pool, arena)
+    with pytest.raises(PoolError, match="double free"):
+        native.release(pool, arena, 0)               # its pages are all free now
+    assert _same(before, _snapshot(pool, arena))

@@ -4,8 +4,8 @@ and without a cached prefix, waves over random subsets of the requests, decode s
 and aborts) must hand out the same page ids, return the same writes (values and dtypes) and end
 every operation in the same state, each passing its integrity check; chunk_slots_reference gives
 the same write slots from the stacked writes as from the list. Decode steps (with and without
-SGLang's capacity check first) run the numpy reference on the first cache and, where the library is
-built, the native loops on the second. Each workload runs with the native loops (pool/native.py) and
+SGLang's capacity check first), finishes and aborts run the numpy reference on the first cache and,
+where the library is built, the native loops on the second. Each workload runs with the native loops (pool/native.py) and
 with the numpy references."""
 
 import numpy as np
@@ -42,6 +42,7 @@ def _same_state(old: RaggedKVCache, new: RaggedKVCache) -> None:
     np.testing.assert_array_equal(old.pool.refcount, new.pool.refcount)
     np.testing.assert_array_equal(old.pool.fill, new.pool.fill)
     assert (old.pool.num_free, old.pool.reserved) == (new.pool.num_free, new.pool.reserved)
+    np.testing.assert_array_equal(old.pool.free_ids(), new.pool.free_ids())   # the order pages come out next
     for rid, r_old in old.requests.items():
         r_new = new.requests[rid]
         for name in ("npages", "lens", "dead"):
@@ -124,11 +125,11 @@ def _workload(seed: int, steps: int = 60) -> None:
         elif live:
             rid = live[int(rng.integers(len(live)))]
             if op == "finish" and old.requests[rid].prefill_done:
-                segs_old, _ = finish(old, rid), finish(new, rid)
+                segs_old, _ = reference(finish, old, rid), finish(new, rid)
                 if segs_old:
                     chains.append(tuple(prefixes[rid]) + tuple(segs_old))
             else:
-                old.release(rid)
+                reference(old.release, rid)
                 new.release(rid)
         chains = [c for c in chains if all(s.seg_id in old.store.segments for s in c)]
         _same_state(old, new)

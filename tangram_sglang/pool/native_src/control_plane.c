@@ -102,11 +102,14 @@ int64_t tg_chunk_slots(const int32_t *pages, const int64_t *offset, const int64_
  * of the arena row: at = ((l * R + rows[k]) * G + g) * W + col into a table [L, R, G, W], val the page
  * id (0 for a released column). at int64, val int32, both [sum(npages - first)] in (k, v, col) order;
  * or, with table (int32 [L, R, G, W] in host memory) not NULL, table[at] = val written in place and at,
- * val untouched. Returns the entries, or -2 when a column passes the arena's capacity or the table's W. */
+ * val untouched; there, columns [npages, zero_to) are zeroed too (a row loaded whole, as
+ * DeviceBlockTables.load leaves it). Returns the entries, or -2 when a column passes the arena's capacity
+ * or the table's W. */
 int64_t tg_new_columns(const int32_t *arena_pages, int64_t V, int64_t cap, const int64_t *slots,
                        const int64_t *rows, int64_t K, const int64_t *first, const int32_t *npages,
-                       int64_t G, int64_t R, int64_t W, int64_t *at, int32_t *val, int32_t *table)
+                       int64_t G, int64_t R, int64_t W, int64_t *at, int32_t *val, int32_t *table, int64_t zero_to)
 {
+    if (zero_to > W) return -2;
     for (int64_t i = 0; i < K * V; i++)
         if (npages[i] > cap || npages[i] > W || rows[i / V] < 0 || rows[i / V] >= R) return -2;
     int64_t o = 0;
@@ -117,6 +120,7 @@ int64_t tg_new_columns(const int32_t *arena_pages, int64_t V, int64_t cap, const
             int64_t base = ((l * R + rows[k]) * G + g) * W;
             if (table != 0) {
                 for (int64_t col = first[i]; col < npages[i]; col++) table[base + col] = row[col] > 0 ? row[col] : 0;
+                for (int64_t col = npages[i]; col < zero_to; col++) table[base + col] = 0;
                 o += npages[i] > first[i] ? npages[i] - first[i] : 0;
                 continue;
             }
@@ -188,5 +192,31 @@ int64_t tg_decode(int32_t *free_stack, int64_t num_free, int64_t available, int3
         }
     out[0] = n_res;
     out[1] = longest;
+    return top;
+}
+
+/* PagePool.decref(RequestPages.held()) for one request's arena row slot: drop one reference on each live
+ * page of its lists (columns [0, npages) of every v, -1 skipped), in (v, column) order; a page reaching 0
+ * goes back on the free stack (fill 0). Returns the new number of free pages, or -3 when a page has no
+ * reference to drop (a double free: nothing changed). */
+int64_t tg_release(int32_t *free_stack, int64_t num_free, int32_t *refcount, int32_t *fill,
+                   const int32_t *arena_pages, const int32_t *arena_npages, int64_t V, int64_t cap, int64_t slot)
+{
+    for (int64_t v = 0; v < V; v++) {
+        const int32_t *row = arena_pages + (slot * V + v) * cap;
+        for (int64_t c = 0; c < arena_npages[slot * V + v]; c++)
+            if (row[c] >= 0 && refcount[row[c]] <= 0) return -3;
+    }
+    int64_t top = num_free;
+    for (int64_t v = 0; v < V; v++) {
+        const int32_t *row = arena_pages + (slot * V + v) * cap;
+        for (int64_t c = 0; c < arena_npages[slot * V + v]; c++) {
+            int32_t id = row[c];
+            if (id >= 0 && --refcount[id] == 0) {
+                free_stack[top++] = id;
+                fill[id] = 0;
+            }
+        }
+    }
     return top;
 }
