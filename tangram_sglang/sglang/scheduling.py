@@ -48,12 +48,15 @@ def _added(adder, req) -> bool:
 
 def _fail_unplannable(serving, req, exc: Exception) -> AddReqResult:
     """A request whose chunk plan disagrees with its cached prefix (the prefix ends inside a compressed
-    chunk, or leaves nothing to prefill): never expected, since the tree cuts a match by the same rule.
-    It must not leave SGLang's scheduler loop: the request fails with the reason (a 1-token request
-    next round, as SGLang fails bad input), holding no pages, and the server keeps serving."""
+    chunk, or leaves nothing to prefill), or whose admission raised: never expected, since the tree cuts
+    a match by the same rule. It must not leave SGLang's scheduler loop: the request fails with the
+    reason (a 1-token request next round, as SGLang fails bad input), holding no pages (a reservation
+    the pool made before the error included), and the server keeps serving."""
     serving.counters.plan_errors += 1
     if req.rid in serving.requests:
         serving.release(req.rid)
+    elif req.rid in serving.cache.requests:   # reserved in the pool before serving.admit raised
+        serving.cache.release(req.rid)
     logger.error("Tangram: request %s failed: its chunk plan does not fit its cached prefix (%s)", req.rid, exc)
     req.set_finish_with_abort(f"Tangram: the request's cached prefix does not fit its chunk plan ({exc})")
     return AddReqResult.NO_TOKEN

@@ -29,7 +29,7 @@ class QueuedReq:
 
 def _adder(tree) -> TangramPrefillAdder:
     adder = object.__new__(TangramPrefillAdder)   # only what add_one_req reads before SGLang's own add
-    adder.tree_cache, adder.rem_chunk_tokens, adder.can_run_list = tree, None, []
+    adder.tree_cache, adder.rem_chunk_tokens, adder.can_run_list, adder.new_token_ratio = tree, None, [], 0.5
     return adder
 
 
@@ -48,4 +48,26 @@ def test_a_prefix_inside_a_compressed_chunk_fails_the_request_not_the_scheduler(
     assert after["plan_errors"] == info["plan_errors"] + 1 and after["admitted"] == info["admitted"]
     assert "r0" not in d.serving.requests and "r0" not in d.serving.cache.requests
     assert d.serving.cache.pool.num_free == free
+    d.check()
+
+
+def test_an_admission_that_raises_after_reserving_leaves_no_pages(monkeypatch):
+    """The same guard when the pool reserved the request's pages and serving.admit raised after: the
+    reservation is released with the request's failure."""
+    from tangram_sglang.serving import runtime
+
+    d = Driver(7)
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6] * 8
+    free, reserved = d.serving.cache.pool.num_free, d.serving.cache.pool.reserved
+
+    def broken(**kw):
+        raise ValueError("a state that cannot be built")
+
+    monkeypatch.setattr(runtime, "RequestState", broken)
+    req = QueuedReq("r1", tokens, 0)
+    req.last_node = d.tree.root_node
+    assert _adder(d.tree).add_one_req(req, has_chunked_req=False, truncation_align_size=None) == AddReqResult.NO_TOKEN
+    assert "cannot be built" in req.aborted and pool_info(d.serving, d.tree)["plan_errors"] == 1
+    assert "r1" not in d.serving.cache.requests
+    assert (d.serving.cache.pool.num_free, d.serving.cache.pool.reserved) == (free, reserved)
     d.check()
