@@ -201,12 +201,18 @@ FIGURES: tuple[Figure, ...] = (
             "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "tangram-host-sessions",
             "stock-lpm-sessions-host-bytes", "--out", f"{QUICK_DIR}/serving/think_time_host_sessions.json")),
     # a cache hit against a recompute (issue 61): 16 chat conversations x 4 turns sharing a system prompt, served
-    # turn by turn from the tree, recomputed with the tree flushed before every turn, and batched
+    # turn by turn from the tree, recomputed with the tree flushed before every turn, batched, and batched with
+    # a forced retraction every third forward
     Figure("hit_recompute_smollm2", "serving", "benchmarks.serving.hit_recompute",
            ("--model", "smollm2", "--ratio", "0.4", "--conversations", "16", "--turns", "4",
             "--out", "benchmarks/results/serving/hit_recompute_smollm2.json"),
            ("--model", "smollm2", "--ratio", "0.4", "--conversations", "2", "--turns", "2", "--user-tokens", "200",
             "--out", f"{QUICK_DIR}/serving/hit_recompute_smollm2.json")),
+    Figure("hit_recompute_qwen", "serving", "benchmarks.serving.hit_recompute",
+           ("--model", "qwen2.5-0.5b", "--ratio", "0.25", "--conversations", "16", "--turns", "4",
+            "--out", "benchmarks/results/serving/hit_recompute_qwen.json"),
+           ("--model", "qwen2.5-0.5b", "--ratio", "0.25", "--conversations", "2", "--turns", "2", "--user-tokens",
+            "200", "--out", f"{QUICK_DIR}/serving/hit_recompute_qwen.json")),
     # SGLang's own benchmark, multi-turn: plain stock, the strongest stock of the throughput run, Tangram
     Figure("bench_serving", "serving", "benchmarks.serving.bench_serving", (*BENCH, "--rates", "0.5", "--repeats", "3"),
            ("--quick", "--out", f"{QUICK_DIR}/serving/bench_serving.json")),

@@ -7,7 +7,10 @@ so every way sees the same tokens.
 
 * ``tree``: turn by turn, conversations one after another, histories read from the radix tree;
 * ``recompute``: the tree flushed before every turn (each history prefilled whole): the reference;
-* ``batch``: after a flush, every conversation's final prompt in one batch.
+* ``batch``: after a flush, every conversation's final prompt in one batch;
+* ``retract``: every final prompt in one batch on a second Engine whose scheduler retracts a decoding
+  request every third forward (SGLang's own SGLANG_TEST_RETRACT): each retracted request is prefilled
+  again from its prompt and the tokens it had generated.
 
 For each way: turns whose greedy tokens equal the recompute's, the largest log-probability gap, and the
 cached tokens; for the shared system prompt, the cached tokens of each conversation's first turn with
@@ -62,11 +65,34 @@ def _ask(engine, prompts, new):
              "cached": o["meta_info"]["cached_tokens"]} for o in outs]
 
 
-def serve(model_path, profile, ratio, tok, system, users, new, pool):
+def _engine(model_path, profile, ratio, pool, env=None):
+    """An Engine with the profile; env: variables its scheduler process starts with (restored after)."""
     import sglang
 
-    engine = sglang.Engine(model_path=model_path, dtype="float32", max_total_tokens=pool, log_level="error",
-                           tangram_profile=profile, tangram_ratio=ratio, sleep_on_idle=True)
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        return sglang.Engine(model_path=model_path, dtype="float32", max_total_tokens=pool, log_level="error",
+                             tangram_profile=profile, tangram_ratio=ratio, sleep_on_idle=True)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def serve_retracting(model_path, profile, ratio, prompts, new, pool) -> dict:
+    """Every prompt in one batch on an Engine that retracts a decoding request every third forward."""
+    engine = _engine(model_path, profile, ratio, pool, {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"})
+    try:
+        outs = _ask(engine, prompts, new)
+        info = engine.get_server_info()["internal_states"][0]["tangram"]["pool_info"]
+    finally:
+        engine.shutdown()
+        atexit.unregister(engine.shutdown)
+    return dict(outs=outs, retracted=info["retracted"], integrity=info.get("integrity"))
+
+
+def serve(model_path, profile, ratio, tok, system, users, new, pool):
+    engine = _engine(model_path, profile, ratio, pool)
     try:
         tree, prompts = [], []
         for c, conv in enumerate(users):
@@ -112,12 +138,16 @@ def compare(got, want) -> dict:
 def summarize(res: dict, system_len: int) -> dict:
     tree = [compare(a, b) for ra, rb in zip(res["tree"], res["recompute"]) for a, b in zip(ra, rb)]
     batch = [compare(a, rb[-1]) for a, rb in zip(res["batch"], res["recompute"])]
+    retract = [compare(a, rb[-1]) for a, rb in zip(res["retract"]["outs"], res["recompute"])]
     # a later turn's history: the turn before's prompt and its reply but the last token (no KV yet)
     later = [(row[i]["cached"], len(prompts[i - 1]) + len(row[i - 1]["ids"]) - 1)
              for row, prompts in zip(res["tree"], res["prompts"]) for i in range(1, len(row))]
     return {"tree_same": sum(x["same"] for x in tree), "tree_turns": len(tree),
             "tree_gap": max(x["gap"] for x in tree), "batch_same": sum(x["same"] for x in batch),
             "batch_turns": len(batch), "batch_gap": max(x["gap"] for x in batch),
+            "retract_same": sum(x["same"] for x in retract), "retract_turns": len(retract),
+            "retract_gap": max(x["gap"] for x in retract), "retractions": res["retract"]["retracted"],
+            "retract_integrity": res["retract"]["integrity"],
             "history_reused": sum(c for c, _ in later), "history_tokens": sum(h for _, h in later),
             "system_tokens": system_len, "first_turn_cached": res["firsts"]}
 
@@ -130,7 +160,9 @@ def report(s: dict, args) -> list[str]:
         f"about {args.user_tokens} tokens, {args.new_tokens}-token greedy replies fed back at the token level.", "",
         "| way | turns answering as the recompute | largest log-prob gap |", "|---|---|---|",
         f"| turn by turn from the tree | {s['tree_same']}/{s['tree_turns']} | {s['tree_gap']:.2e} |",
-        f"| final prompts in one batch | {s['batch_same']}/{s['batch_turns']} | {s['batch_gap']:.2e} |", "",
+        f"| final prompts in one batch | {s['batch_same']}/{s['batch_turns']} | {s['batch_gap']:.2e} |",
+        f"| final prompts in one batch, a request retracted every third forward ({s['retractions']} retractions, "
+        f"integrity {s['retract_integrity']}) | {s['retract_same']}/{s['retract_turns']} | {s['retract_gap']:.2e} |", "",
         f"Later turns read {s['history_reused']:,} of their {s['history_tokens']:,} history tokens from the tree. "
         f"First turns with the other conversations in the tree read {min(shared) if shared else 0}-"
         f"{max(shared) if shared else 0} tokens from it (the system prompt: {s['system_tokens']}).",
@@ -157,13 +189,16 @@ def main(argv=None):
     system, users = conversations(tok, args.conversations, args.turns, args.system_tokens, args.user_tokens)
     res = serve(path, os.path.join(ROOT, PROFILES[args.model]), args.ratio, tok, system, users, args.new_tokens,
                 args.max_total_tokens)
+    res["retract"] = serve_retracting(path, os.path.join(ROOT, PROFILES[args.model]), args.ratio,
+                                      [p[-1] for p in res["prompts"]], args.new_tokens, args.max_total_tokens)
     sys_ids = tok.apply_chat_template([{"role": "system", "content": system}], tokenize=True)
     s = summarize(res, len(list(sys_ids["input_ids"] if hasattr(sys_ids, "keys") else sys_ids)))
     lines = report(s, args)
     print("\n".join(lines))
     if args.out:
         write_json(args.out, {"args": vars(args), "summary": s, "pool_info": res["pool_info"],
-                              "tree": res["tree"], "recompute": res["recompute"], "batch": res["batch"]}, st)
+                              "tree": res["tree"], "recompute": res["recompute"], "batch": res["batch"],
+                              "retract": res["retract"]["outs"]}, st)
         write_markdown(os.path.splitext(args.out)[0] + ".md", "A cache hit against a recompute", lines, st)
 
 

@@ -3,13 +3,17 @@
 Two chat conversations sharing a long system prompt, three turns each, built at the token level (each
 turn's prompt extends the last by its reply and the next user message), served three ways by one
 Engine: turn by turn from the radix tree; with the tree flushed before every turn; and the final
-prompts of both together in one batch after a flush. The chunk rule (method/chunks.py) makes the
-kept KV a function of the tokens, so every turn answers the same tokens with the same log
-probabilities whichever way its history arrived; and the second conversation's first turn finds the
-first's system prompt in the tree (its own chunk run), counted in ``cached_tokens``.
+prompts of both together in one batch after a flush. A fourth way, on an Engine whose scheduler
+retracts a decoding request every third forward (SGLang's own SGLANG_TEST_RETRACT): every prompt of
+both conversations batched, each retracted request re-prefilled from its prompt and the tokens it had
+generated. The chunk rule (method/chunks.py) makes the kept KV a function of the tokens, so every turn
+answers the same tokens with the same log probabilities whichever way its history arrived; and the
+second conversation's first turn finds the first's system prompt in the tree (its own chunk run),
+counted in ``cached_tokens``.
 """
 
 import atexit
+import os
 import time
 
 import pytest
@@ -84,6 +88,30 @@ def served(smollm2_path):
                 prompts=prompts, info=info)
 
 
+@pytest.fixture(scope="module")
+def retracted(served, smollm2_path):
+    """Every prompt of both conversations in one batch on an Engine that retracts a decoding request
+    every third forward (SGLang reads the variables when its scheduler process starts); its answers and
+    the pool's retraction counter."""
+    forced = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"}
+    saved = {k: os.environ.get(k) for k in forced}
+    os.environ.update(forced)
+    try:
+        engine = sglang.Engine(model_path=smollm2_path, dtype="float32", max_total_tokens=16384, log_level="error",
+                               tangram_profile=str(REPO / "configs" / "smollm2-fastkvzip.yaml"), tangram_ratio=0.4,
+                               **IDLE_KWARGS)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    try:
+        outs = _ask(engine, [p for conv in served["prompts"] for p in conv])
+        info = engine.get_server_info()["internal_states"][0]["tangram"]["pool_info"]
+    finally:
+        engine.shutdown()
+        atexit.unregister(engine.shutdown)
+    return dict(outs=outs, info=info)
+
+
 def _same(a, b):
     assert a[0] == b[0]
     assert max(abs(x - y) for x, y in zip(a[1], b[1])) < 1e-3
@@ -109,3 +137,12 @@ def test_a_batch_of_final_prompts_answers_as_each_alone(served):
 def test_a_shared_system_prompt_is_reused_by_the_next_conversation(served):
     first_a, first_b, sys_len = served["shared"]
     assert first_a[2] == 0 and first_b[2] >= sys_len - 1
+
+
+def test_a_retracted_request_answers_as_if_never_retracted(served, retracted):
+    assert retracted["info"]["retracted"] >= 2                     # the forced retractions happened
+    assert retracted["info"]["integrity"] == "ok"
+    flushed = [out for row in served["flushed"] for out in row]
+    assert len(retracted["outs"]) == len(flushed) == 6
+    for out, alone in zip(retracted["outs"], flushed):
+        _same(out, alone)
