@@ -875,18 +875,22 @@ def key_results() -> list[str]:
 # ---------------------------------------------------------------- docs/results.md blocks
 
 def hit_recompute_table() -> list[str]:
-    """The hit-against-recompute runs (benchmarks/serving/hit_recompute.py): the code before the chunk rule and
-    the current one, a row each."""
-    out = ["| code | turns from the tree answering as recomputed (largest log-prob gap) | final prompts batched "
-           "| later turns' history read from the tree | first turns' system prompt read from the tree |",
-           "|---|---|---|---|---|"]
-    for label, name in (("before the chunk rule", "hit_recompute_smollm2_before"), ("the chunk rule", "hit_recompute_smollm2")):
+    """The hit-against-recompute runs (benchmarks/serving/hit_recompute.py): SmolLM2 on the code before the
+    chunk rule and the current one, and Qwen, a row each (the retraction way where the run had it)."""
+    out = ["| model, code | turns from the tree answering as recomputed (largest log-prob gap) | final prompts batched "
+           "| batched, a request retracted every third forward | later turns' history read from the tree "
+           "| first turns' system prompt read from the tree |",
+           "|---|---|---|---|---|---|"]
+    for label, name in (("SmolLM2, before the chunk rule", "hit_recompute_smollm2_before"),
+                        ("SmolLM2, the chunk rule", "hit_recompute_smollm2"), ("Qwen2.5-0.5B", "hit_recompute_qwen")):
         if not (RESULTS / "serving" / f"{name}.json").exists():
             continue
         d = load(f"serving/{name}.json")
         s, shared = d["summary"], d["summary"]["first_turn_cached"][1:]
+        retract = (f"{s['retract_same']}/{s['retract_turns']} ({s['retract_gap']:.1e}; {s['retractions']} retractions)"
+                   if "retract_same" in s else "not run")
         out.append(f"| {label} ({d['stamp']['commit']}) | {s['tree_same']}/{s['tree_turns']} ({s['tree_gap']:.1e}) "
-                   f"| {s['batch_same']}/{s['batch_turns']} ({s['batch_gap']:.1e}) "
+                   f"| {s['batch_same']}/{s['batch_turns']} ({s['batch_gap']:.1e}) | {retract} "
                    f"| {s['history_reused']:,} of {s['history_tokens']:,} "
                    f"| {min(shared, default=0)}-{max(shared, default=0)} of {s['system_tokens']} |")
     return out
@@ -894,8 +898,10 @@ def hit_recompute_table() -> list[str]:
 
 def hit_recompute_headline(d: dict) -> str:
     s = d["summary"]
+    retract = (f", {s['retract_same']}/{s['retract_turns']} batched with {s['retractions']} forced retractions"
+               if "retract_same" in s else "")
     return (f"{s['tree_same']}/{s['tree_turns']} turns from the tree answer as recomputed (log-prob gap "
-            f"{s['tree_gap']:.0e}), {s['batch_same']}/{s['batch_turns']} batched; history reused "
+            f"{s['tree_gap']:.0e}), {s['batch_same']}/{s['batch_turns']} batched{retract}; history reused "
             f"{s['history_reused']:,}/{s['history_tokens']:,}")
 
 
@@ -1213,8 +1219,11 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                                      None),
     "hit_recompute_smollm2": ("A cache hit against a recompute: 16 chat conversations x 4 turns sharing a system "
                               "prompt, served turn by turn from the tree, with the tree flushed before every turn, "
-                              "and batched: turns answering alike, log-prob gaps, history and system prompt reused",
+                              "batched, and batched with a forced retraction every third forward: turns answering alike, log-prob gaps, "
+                              "history and system prompt reused",
                               lambda: hit_recompute_headline(load("serving/hit_recompute_smollm2.json")), None),
+    "hit_recompute_qwen": ("The same with Qwen2.5-0.5B at its shipped FastKVzip 0.25",
+                           lambda: hit_recompute_headline(load("serving/hit_recompute_qwen.json")), None),
     "think_time_host_sessions": ("The host tier's workload with session ids and SGLang's session radix cache on both "
                                  "sides: the profile with its host tier against stock lpm given the host's bytes",
                                  lambda: " ".join(think_time_row(load(THINK_TIME_HOST_SESSIONS), "",
