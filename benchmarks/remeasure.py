@@ -137,6 +137,11 @@ FIGURES: tuple[Figure, ...] = (
     Figure("pressure", "serving", "benchmarks.serving.pressure", (), ("--quick",)),
     Figure("soak", "serving", "benchmarks.serving.soak", ("--sessions", "200"), ("--sessions", "12", "--workers", "4")),
     Figure("fuzz", "serving", "benchmarks.serving.fuzz", (), ("--cases", "3")),
+    # the soak with faults (an hour and more each): two replicas behind sglang-router, a replica killed mid-run
+    Figure("soak_smollm2", "serving", "benchmarks.serving.soak_faults", ("--model", "smollm2"),
+           ("--model", "smollm2", "--quick", "--name", "soak_smollm2")),
+    Figure("soak_qwen", "serving", "benchmarks.serving.soak_faults", ("--model", "qwen"),
+           ("--model", "qwen", "--quick", "--name", "soak_qwen")),
     # the pool where memory binds hardest (stock reused 2% of the history there, one run, 2026-09): stock as a
     # user runs it (fcfs, lpm; lpm-refresh is lpm, the refresh skips cache-aware policies), the profile under its
     # default policy (lpm) and its ratio-1.0 control, 3 alternating runs

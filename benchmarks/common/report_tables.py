@@ -849,12 +849,15 @@ def key_results() -> list[str]:
                  f"{a['max_total_tokens']:,}-token pool", tg,
                  f"stock: {st['completed']} completed, {st['capped']} capped, {st['refused']} refused, "
                  f"{st['failed']} failed", link("serving/pressure.json")])
-    s = load("serving/soak.json")
-    r = s["result"]
-    rows.append([f"Soak: {r['sessions']} sessions, {s['args']['workers']} at a time, with aborts and hang-ups",
-                 f"{r['answered']} answered, {len(r['errors'])} failed, {r['tracebacks']} tracebacks, integrity "
-                 f"{r['integrity_after_flush']}, {r['pages_used_after_flush']} pages left after flush", "-",
-                 link("serving/soak.json")])
+    if (RESULTS / "serving" / "soak_smollm2.json").exists():
+        rows.append(soak_faults_row("soak_smollm2"))
+    else:
+        s = load("serving/soak.json")
+        r = s["result"]
+        rows.append([f"Soak: {r['sessions']} sessions, {s['args']['workers']} at a time, with aborts and hang-ups",
+                     f"{r['answered']} answered, {len(r['errors'])} failed, {r['tracebacks']} tracebacks, integrity "
+                     f"{r['integrity_after_flush']}, {r['pages_used_after_flush']} pages left after flush", "-",
+                     link("serving/soak.json")])
     rows.append(fuzz_row())
     rows.append(prefill_history_row("prefill_history_smollm2"))
     d = load("timing/prefill_cost.json")
@@ -1090,6 +1093,30 @@ def fuzz_headline() -> str:
             f"{state['pages_used_after_flush']} pages left after flush")
 
 
+def soak_faults_headline(name: str) -> str:
+    """The soak with faults in a line: load, faults, and the checks after it."""
+    d = load(f"serving/{name}.json")
+    r, a = d["result"], d["args"]
+    s, g = r["summary"], r["replay"]
+    after = r["replicas"]
+    return (f"{s['sessions']:,} sessions ({s['requests']:,} requests) over {r['load_minutes']:.0f} min, "
+            f"{a['clients']} clients, 2 replicas behind sglang-router, one killed and restarted; "
+            f"{s['outcomes'].get('answered', 0):,} answered, {s['hung']} hung, {r['retracted']} retracted, "
+            f"{r['tracebacks_total']} tracebacks; integrity "
+            f"{'ok' if r['integrity_samples_not_ok'] == 0 else 'NOT ok'} in {r['integrity_samples']} samples, "
+            f"{sum(x['after_flush'].get('pages_used') or 0 for x in after)} pages left after the flush; "
+            f"greedy replay {g['identical']}/{g['turns']} turns identical")
+
+
+def soak_faults_row(name: str) -> list:
+    """The README row of the soak with faults (benchmarks/serving/soak_faults)."""
+    d = load(f"serving/{name}.json")
+    r = d["result"]
+    return [f"Soak with faults: {r['model']}, its shipped profile at {r['ratio']}, aborts, hang-ups, abandoned "
+            "sessions, forced retractions, a replica killed mid-run", soak_faults_headline(name), "-",
+            link(f"serving/{name}.json")]
+
+
 def fuzz_row() -> list:
     """The README row of the fuzzed HTTP surface: what counts against the profile, and stock's crashes."""
     data = load("serving/fuzz.json")
@@ -1268,6 +1295,10 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                      f"{r['refused']} refused, {r['failed']} failed"
                      for r in load("serving/pressure.json")["rows"]), None),
     "soak": ("200 multi-turn sessions with aborts, hang-ups and retractions on a small pool", soak_headline, None),
+    "soak_smollm2": ("The soak with faults: SmolLM2's shipped FastKVzip profile on two replicas behind sglang-router "
+                     "for an hour, with aborts, hang-ups, abandoned sessions, bursts that force retraction and a "
+                     "replica killed and restarted; integrity, pages, memory and a greedy replay after it",
+                     lambda: soak_faults_headline("soak_smollm2"), None),
     "fuzz": ("SGLang's request schemas fuzzed (hypothesis) against the shipped FastKVzip profile's server and "
              "stock's at the same flags: /generate, OpenAI completions and chat, sessions", fuzz_headline, None),
     "prefill_history_smollm2": ("Prefill over a cached history (0 / 2,048 / 6,000 tokens, 0 or 4 requests decoding "
