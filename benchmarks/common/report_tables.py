@@ -365,25 +365,29 @@ def soak_table() -> list[str]:
                    r["evicted_segments"], r["waited"], round(r["seconds"] / 60)]])
 
 
-def soak_faults_table(name: str = "soak_smollm2") -> list[str]:
-    """The soak with faults: load, faults injected, outcomes and the checks after it, one row per run."""
-    if not (RESULTS / "serving" / f"{name}.json").exists():
+def soak_faults_table() -> list[str]:
+    """The soak with faults, a row per model run: load, faults injected, outcomes and the checks after it."""
+    rows = []
+    for name in ("soak_smollm2", "soak_qwen"):
+        if not (RESULTS / "serving" / f"{name}.json").exists():
+            continue
+        d = load(f"serving/{name}.json")
+        r, s, g = d["result"], d["result"]["summary"], d["result"]["replay"]
+        o, f = s["outcomes"], s["faults_injected"]
+        rss = "; ".join(f"{x['rss']['start_mb']:.0f} -> {x['rss']['end_mb']:.0f} MiB" if x["rss"] else "-"
+                        for x in r["replicas"])
+        rows.append([f"{r['model']} at {r['ratio']} ({d['stamp']['commit']})",
+                     f"{s['sessions']:,} / {s['requests']:,} / {r['load_minutes']:.0f}", f"{o.get('answered', 0):,}",
+                     o.get("clear error", 0), s["hung"], f"{f['abort took effect']} / {f['hangup took effect']}",
+                     r["retracted"], o.get("replica killed", 0),
+                     f"{r['integrity_samples'] - r['integrity_samples_not_ok']} of {r['integrity_samples']}",
+                     ", ".join(str(x["after_flush"].get("pages_used")) for x in r["replicas"]), rss,
+                     r["tracebacks_total"], f"{g['identical']} of {g['turns']} turns"])
+    if not rows:
         return ["(not run yet)"]
-    d = load(f"serving/{name}.json")
-    r, s, g = d["result"], d["result"]["summary"], d["result"]["replay"]
-    o, f = s["outcomes"], s["faults_injected"]
-    rss = "; ".join(f"{x['rss']['start_mb']:.0f} -> {x['rss']['end_mb']:.0f} MiB" if x["rss"] else "-"
-                    for x in r["replicas"])
     return table(["model (commit)", "sessions / requests / minutes", "answered", "clear errors", "hung",
                   "aborts / hang-ups took effect", "retracted", "replica killed (requests)", "integrity samples ok",
-                  "pages after flush", "RSS start -> end", "tracebacks", "greedy replay identical"],
-                 [[f"{r['model']} at {r['ratio']} ({d['stamp']['commit']})",
-                   f"{s['sessions']:,} / {s['requests']:,} / {r['load_minutes']:.0f}", f"{o.get('answered', 0):,}",
-                   o.get("clear error", 0), s["hung"], f"{f['abort took effect']} / {f['hangup took effect']}",
-                   r["retracted"], o.get("replica killed", 0),
-                   f"{r['integrity_samples'] - r['integrity_samples_not_ok']} of {r['integrity_samples']}",
-                   ", ".join(str(x["after_flush"].get("pages_used")) for x in r["replicas"]), rss,
-                   r["tracebacks_total"], f"{g['identical']} of {g['turns']} turns"]])
+                  "pages after flush", "RSS start -> end", "tracebacks", "greedy replay identical"], rows)
 
 
 def fuzz_table() -> list[str]:
