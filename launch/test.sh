@@ -23,7 +23,7 @@ if [ $# -gt 0 ]; then
 fi
 rc=0
 LANE_B=(tests/model/test_calibration_cli.py tests/model/test_static_vs_dynamic.py tests/model/test_serving_reference.py
-        tests/model/test_decode_graph.py tests/model/test_serve_tp.py)
+        tests/model/test_decode_graph.py tests/model/test_serve_tp.py tests/model/test_hit_equals_recompute.py)
 lane() {  # lane LOG ARGS... [| ARGS...]: one pytest run per "|"-separated argument list, in turn, into LOG
   local log=$1 status=0 args=()
   shift
