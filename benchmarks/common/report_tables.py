@@ -874,15 +874,7 @@ def key_results() -> list[str]:
                  f"{a['max_total_tokens']:,}-token pool", tg,
                  f"stock: {st['completed']} completed, {st['capped']} capped, {st['refused']} refused, "
                  f"{st['failed']} failed", link("serving/pressure.json")])
-    if (RESULTS / "serving" / "soak_smollm2.json").exists():
-        rows.append(soak_faults_row("soak_smollm2"))
-    else:
-        s = load("serving/soak.json")
-        r = s["result"]
-        rows.append([f"Soak: {r['sessions']} sessions, {s['args']['workers']} at a time, with aborts and hang-ups",
-                     f"{r['answered']} answered, {len(r['errors'])} failed, {r['tracebacks']} tracebacks, integrity "
-                     f"{r['integrity_after_flush']}, {r['pages_used_after_flush']} pages left after flush", "-",
-                     link("serving/soak.json")])
+    rows.append(soak_faults_row("soak_smollm2"))
     rows.append(fuzz_row())
     rows.append(prefill_history_row("prefill_history_smollm2"))
     d = load("timing/prefill_cost.json")
