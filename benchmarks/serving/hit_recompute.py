@@ -66,11 +66,13 @@ def _ask(engine, prompts, new):
 
 
 def _engine(model_path, profile, ratio, pool, env=None):
-    """An Engine with the profile; env: variables its scheduler process starts with (restored after)."""
+    """An Engine with the profile and the pool's integrity check on every get_server_info; env: more
+    variables its scheduler process starts with (all restored after)."""
     import sglang
 
-    saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
+    env = {"TANGRAM_INTEGRITY_CHECK": "1", **(env or {})}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         return sglang.Engine(model_path=model_path, dtype="float32", max_total_tokens=pool, log_level="error",
                              tangram_profile=profile, tangram_ratio=ratio, sleep_on_idle=True)
@@ -147,7 +149,7 @@ def summarize(res: dict, system_len: int) -> dict:
             "batch_turns": len(batch), "batch_gap": max(x["gap"] for x in batch),
             "retract_same": sum(x["same"] for x in retract), "retract_turns": len(retract),
             "retract_gap": max(x["gap"] for x in retract), "retractions": res["retract"]["retracted"],
-            "retract_integrity": res["retract"]["integrity"],
+            "retract_integrity": res["retract"]["integrity"], "integrity": res["pool_info"].get("integrity"),
             "history_reused": sum(c for c, _ in later), "history_tokens": sum(h for _, h in later),
             "system_tokens": system_len, "first_turn_cached": res["firsts"]}
 
@@ -163,6 +165,7 @@ def report(s: dict, args) -> list[str]:
         f"| final prompts in one batch | {s['batch_same']}/{s['batch_turns']} | {s['batch_gap']:.2e} |",
         f"| final prompts in one batch, a request retracted every third forward ({s['retractions']} retractions, "
         f"integrity {s['retract_integrity']}) | {s['retract_same']}/{s['retract_turns']} | {s['retract_gap']:.2e} |", "",
+        f"The pool's integrity check after the three ways on the first Engine: {s['integrity']}.",
         f"Later turns read {s['history_reused']:,} of their {s['history_tokens']:,} history tokens from the tree. "
         f"First turns with the other conversations in the tree read {min(shared) if shared else 0}-"
         f"{max(shared) if shared else 0} tokens from it (the system prompt: {s['system_tokens']}).",
