@@ -898,7 +898,7 @@ def hit_recompute_table() -> list[str]:
     """The hit-against-recompute runs (benchmarks/serving/hit_recompute.py): SmolLM2 on the code before the
     chunk rule and the current one, and Qwen, a row each (the retraction way where the run had it)."""
     out = ["| model, code | turns from the tree answering as recomputed (largest log-prob gap) | final prompts batched "
-           "| batched, a request retracted every third forward | later turns' history read from the tree "
+           "| batched, a request retracted every third forward (integrity: first Engine / retracting one) | later turns' history read from the tree "
            "| first turns' system prompt read from the tree |",
            "|---|---|---|---|---|---|"]
     for label, name in (("SmolLM2, before the chunk rule", "hit_recompute_smollm2_before"),
@@ -909,6 +909,8 @@ def hit_recompute_table() -> list[str]:
         s, shared = d["summary"], d["summary"]["first_turn_cached"][1:]
         retract = (f"{s['retract_same']}/{s['retract_turns']} ({s['retract_gap']:.1e}; {s['retractions']} retractions)"
                    if "retract_same" in s else "not run")
+        if "integrity" in s:  # the pool's check on both Engines (runs since 11c76cb)
+            retract += f"; integrity {s['integrity']} / {s['retract_integrity']}"
         out.append(f"| {label} ({d['stamp']['commit']}) | {s['tree_same']}/{s['tree_turns']} ({s['tree_gap']:.1e}) "
                    f"| {s['batch_same']}/{s['batch_turns']} ({s['batch_gap']:.1e}) | {retract} "
                    f"| {s['history_reused']:,} of {s['history_tokens']:,} "
