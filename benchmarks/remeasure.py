@@ -170,6 +170,15 @@ FIGURES: tuple[Figure, ...] = (
            ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think-mean", "1",
             "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "tangram", "stock-lpm",
             "--out", f"{QUICK_DIR}/serving/think_time.json")),
+    # the same on Qwen2.5-0.5B at its shipped ratio (issue 60's second model), scaled to this CPU: half the
+    # sessions, shorter documents, the pool at the same share of the sessions' tokens (about a quarter)
+    Figure("think_time_qwen", "serving", "benchmarks.serving.think_time",
+           ("--model", "qwen2.5-0.5b", "--sessions", "6", "--turns", "4", "--doc-tokens", "500", "--arrival-window",
+            "30", "--think-mean", "8", "--max-total-tokens", "2560", "--servers", "tangram", "stock-lpm",
+            "tangram-1.0", "--repeats", "3", "--out", "benchmarks/results/serving/think_time_qwen.json"),
+           ("--model", "qwen2.5-0.5b", "--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window",
+            "2", "--think-mean", "1", "--max-total-tokens", "2048", "--servers", "tangram", "stock-lpm",
+            "--out", f"{QUICK_DIR}/serving/think_time_qwen.json")),
     # the same with heavy-tailed pauses (issue 60): a trial of 2 alternating runs, the profile and stock lpm
     Figure("think_time_pareto", "serving", "benchmarks.serving.think_time",
            ("--sessions", "12", "--turns", "4", "--doc-tokens", "800", "--arrival-window", "30", "--think", "pareto",
