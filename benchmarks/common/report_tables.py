@@ -691,6 +691,7 @@ THINK_TIME_PARETO = "serving/think_time_pareto.json"  # the same with heavy-tail
 THINK_TIME_HOST = "serving/think_time_host.json"  # the profile with its compressed host tier, stock given its bytes
 THINK_TIME_HOST_SESSIONS = "serving/think_time_host_sessions.json"  # the same with session ids, session radix cache
 THINK_TIME_TLRU = "serving/think_time_tlru.json"  # stock lpm with SGLang's T-LRU eviction against plain lpm
+THINK_TIME_QWEN = "serving/think_time_qwen.json"  # the think-time workload on Qwen2.5-0.5B, scaled to this CPU
 THINK_COUNTERS = ("matched_tokens", "evicted_tokens_admission", "evicted_tokens_decode", "evicted_tokens_flush",
                   "evicted_tokens_sglang", "evictions_refused", "published_segments", "twin_segments",
                   "detached_segments", "waited", "retracted", "prefill_passes", "prefill_chunks", "offloaded_tokens",
@@ -862,6 +863,8 @@ def key_results() -> list[str]:
     rows.append(bench_serving_row(BENCH_LOW))
     if (RESULTS / THINK_TIME).exists():
         rows.append(think_time_row(load(THINK_TIME), link(THINK_TIME)))
+    if (RESULTS / THINK_TIME_QWEN).exists():
+        rows.append(think_time_row(load(THINK_TIME_QWEN), link(THINK_TIME_QWEN)))
     if (RESULTS / THINK_TIME_HOST).exists():
         rows.append(think_time_row(load(THINK_TIME_HOST), link(THINK_TIME_HOST), "tangram-host"))
     rows.append(long_row())
@@ -1252,6 +1255,10 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "think_time_pareto": ("The think-time workload with heavy-tailed pauses (a Lomax of shape 1.5, the same mean): "
                           "the profile as launched against stock lpm",
                           lambda: " ".join(think_time_row(load(THINK_TIME_PARETO), "")[1:3]).replace("**", ""), None),
+    "think_time_qwen": ("The think-time workload on Qwen2.5-0.5B at its shipped FastKVzip 0.25, scaled to this CPU "
+                        "(6 sessions of 500-token documents, a 2,560-token pool): the profile as launched, stock lpm, "
+                        "the 1.0 control",
+                        lambda: " ".join(think_time_row(load(THINK_TIME_QWEN), "")[1:3]).replace("**", ""), None),
     "think_time_tlru": ("The think-time workload on stock lpm with SGLang's Tail-Optimized LRU eviction "
                         "(`--radix-eviction-policy tlru`) against plain lpm, a trial",
                         lambda: tlru_headline(load(THINK_TIME_TLRU)), None),
