@@ -170,8 +170,9 @@ FIGURES: tuple[Figure, ...] = (
            ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think-mean", "1",
             "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "tangram", "stock-lpm",
             "--out", f"{QUICK_DIR}/serving/think_time.json")),
-    # the same on Qwen2.5-0.5B at its shipped ratio (issue 60's second model), scaled to this CPU: half the
-    # sessions, shorter documents, the pool at the same share of the sessions' tokens (about a quarter)
+    # the same on Qwen2.5-0.5B launched with the profile alone (issue 60's second model: its default_ratio, 0.5;
+    # the recommended 0.25 is a --ratio away), scaled to this CPU: half the sessions, shorter documents, the pool
+    # at the same share of the sessions' tokens (about a quarter)
     Figure("think_time_qwen", "serving", "benchmarks.serving.think_time",
            ("--model", "qwen2.5-0.5b", "--sessions", "6", "--turns", "4", "--doc-tokens", "500", "--arrival-window",
             "30", "--think-mean", "8", "--max-total-tokens", "2560", "--servers", "tangram", "stock-lpm",

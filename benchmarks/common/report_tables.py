@@ -975,6 +975,7 @@ DOC_BLOCKS = {
     "think-time": lambda: think_time_table(load(THINK_TIME)),
     "think-time-pareto": lambda: think_time_table(load(THINK_TIME_PARETO)),
     "think-time-tlru": lambda: think_time_table(load(THINK_TIME_TLRU)),
+    "think-time-qwen": lambda: think_time_table(load(THINK_TIME_QWEN)),
     "think-time-host": lambda: think_time_table(load(THINK_TIME_HOST)),
     "think-time-host-sessions": lambda: think_time_table(load(THINK_TIME_HOST_SESSIONS)),
     "hit-recompute": hit_recompute_table,
@@ -1255,7 +1256,8 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "think_time_pareto": ("The think-time workload with heavy-tailed pauses (a Lomax of shape 1.5, the same mean): "
                           "the profile as launched against stock lpm",
                           lambda: " ".join(think_time_row(load(THINK_TIME_PARETO), "")[1:3]).replace("**", ""), None),
-    "think_time_qwen": ("The think-time workload on Qwen2.5-0.5B at its shipped FastKVzip 0.25, scaled to this CPU "
+    "think_time_qwen": ("The think-time workload on Qwen2.5-0.5B launched with its FastKVzip profile alone (its "
+                        "default ratio, 0.5), scaled to this CPU "
                         "(6 sessions of 500-token documents, a 2,560-token pool): the profile as launched, stock lpm, "
                         "the 1.0 control",
                         lambda: " ".join(think_time_row(load(THINK_TIME_QWEN), "")[1:3]).replace("**", ""), None),
