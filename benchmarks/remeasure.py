@@ -180,6 +180,14 @@ FIGURES: tuple[Figure, ...] = (
            ("--model", "qwen2.5-0.5b", "--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window",
             "2", "--think-mean", "1", "--max-total-tokens", "2048", "--servers", "tangram", "stock-lpm",
             "--out", f"{QUICK_DIR}/serving/think_time_qwen.json")),
+    # the same at the recommended 0.25 (what the README's serve command passes for Qwen)
+    Figure("think_time_qwen_r025", "serving", "benchmarks.serving.think_time",
+           ("--model", "qwen2.5-0.5b", "--ratio", "0.25", "--sessions", "6", "--turns", "4", "--doc-tokens", "500",
+            "--arrival-window", "30", "--think-mean", "8", "--max-total-tokens", "2560", "--servers", "tangram",
+            "stock-lpm", "tangram-1.0", "--repeats", "3", "--out", "benchmarks/results/serving/think_time_qwen_r025.json"),
+           ("--model", "qwen2.5-0.5b", "--ratio", "0.25", "--sessions", "3", "--turns", "2", "--doc-tokens", "300",
+            "--arrival-window", "2", "--think-mean", "1", "--max-total-tokens", "2048", "--servers", "tangram",
+            "stock-lpm", "--out", f"{QUICK_DIR}/serving/think_time_qwen_r025.json")),
     # the same with heavy-tailed pauses (issue 60): a trial of 2 alternating runs, the profile and stock lpm
     Figure("think_time_pareto", "serving", "benchmarks.serving.think_time",
            ("--sessions", "12", "--turns", "4", "--doc-tokens", "800", "--arrival-window", "30", "--think", "pareto",
