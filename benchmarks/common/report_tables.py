@@ -901,8 +901,8 @@ def hit_recompute_table() -> list[str]:
     """The hit-against-recompute runs (benchmarks/serving/hit_recompute.py): SmolLM2 on the code before the
     chunk rule and the current one, and Qwen, a row each (the retraction way where the run had it)."""
     out = ["| model, code | turns from the tree answering as recomputed (largest log-prob gap) | final prompts batched "
-           "| batched, a request retracted every third forward (integrity: first Engine / retracting one) | later turns' history read from the tree "
-           "| first turns' system prompt read from the tree |",
+           "| batched, a request retracted every third forward (integrity: first Engine / retracting one) "
+           "| later turns' history read from the tree | first turns' system prompt read from the tree |",
            "|---|---|---|---|---|---|"]
     for label, name in (("SmolLM2, before the chunk rule", "hit_recompute_smollm2_before"),
                         ("SmolLM2, the chunk rule", "hit_recompute_smollm2"), ("Qwen2.5-0.5B", "hit_recompute_qwen")):
