@@ -825,7 +825,7 @@ def think_time_row(res: dict, link_to: str, server: str = "tangram") -> list[str
                       f"{m['ttft_p99']:.0f} s, {m['right']:g}/{a['sessions']} right")
     profile = a["profile"].rsplit("/", 1)[-1].split(".yaml")[0]
     how = ("with a compressed host tier of twice the pool's bytes (`--tangram-host-ratio 2`)" if "host" in server
-           else "launched with the profile alone (its default policy, lpm)")
+           else "launched with the profile and the ratio alone (no policy flag: the profile's default, lpm)")
     how += ", session ids and the session radix cache on both sides" if server.endswith("sessions") else ""
     return [f"Multi-turn sessions that pause between turns, {res['model_path'].rstrip('/').split('/')[-1]}, {profile} "
             f"{a['ratio']:g} {how}, {a['sessions']} sessions arriving over "
