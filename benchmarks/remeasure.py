@@ -170,17 +170,17 @@ FIGURES: tuple[Figure, ...] = (
            ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think-mean", "1",
             "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "tangram", "stock-lpm",
             "--out", f"{QUICK_DIR}/serving/think_time.json")),
-    # the same on Qwen2.5-0.5B launched with the profile alone (issue 60's second model: its default_ratio, 0.5;
-    # the recommended 0.25 is a --ratio away), scaled to this CPU: half the sessions, shorter documents, the pool
-    # at the same share of the sessions' tokens (about a quarter)
+    # the same on Qwen2.5-0.5B at 0.5 (issue 60's second model; measured as launched with the profile alone when
+    # 0.5 was its default_ratio, so the stamped command has no --ratio), scaled to this CPU: half the sessions,
+    # shorter documents, the pool at the same share of the sessions' tokens (about a quarter)
     Figure("think_time_qwen", "serving", "benchmarks.serving.think_time",
-           ("--model", "qwen2.5-0.5b", "--sessions", "6", "--turns", "4", "--doc-tokens", "500", "--arrival-window",
+           ("--model", "qwen2.5-0.5b", "--ratio", "0.5", "--sessions", "6", "--turns", "4", "--doc-tokens", "500", "--arrival-window",
             "30", "--think-mean", "8", "--max-total-tokens", "2560", "--servers", "tangram", "stock-lpm",
             "tangram-1.0", "--repeats", "3", "--out", "benchmarks/results/serving/think_time_qwen.json"),
-           ("--model", "qwen2.5-0.5b", "--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window",
-            "2", "--think-mean", "1", "--max-total-tokens", "2048", "--servers", "tangram", "stock-lpm",
-            "--out", f"{QUICK_DIR}/serving/think_time_qwen.json")),
-    # the same at the recommended 0.25 (what the README's serve command passes for Qwen)
+           ("--model", "qwen2.5-0.5b", "--ratio", "0.5", "--sessions", "3", "--turns", "2", "--doc-tokens", "300",
+            "--arrival-window", "2", "--think-mean", "1", "--max-total-tokens", "2048", "--servers", "tangram",
+            "stock-lpm", "--out", f"{QUICK_DIR}/serving/think_time_qwen.json")),
+    # the same at the recommended 0.25 (the profile's default_ratio since 2026-12-07: what it serves launched alone)
     Figure("think_time_qwen_r025", "serving", "benchmarks.serving.think_time",
            ("--model", "qwen2.5-0.5b", "--ratio", "0.25", "--sessions", "6", "--turns", "4", "--doc-tokens", "500",
             "--arrival-window", "30", "--think-mean", "8", "--max-total-tokens", "2560", "--servers", "tangram",

@@ -813,6 +813,13 @@ def tlru_headline(res: dict) -> str:
             f"reused {100 * t['reuse']:.1f}% against {100 * plain['reuse']:.1f}%")
 
 
+def default_ratio(profile: str) -> float | None:
+    """The profile file's default_ratio (its top-level line; this file reads no YAML library), or None."""
+    path = REPO / profile
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return next((float(x.split(":", 1)[1]) for x in lines if x.startswith("default_ratio:")), None)
+
+
 def think_time_row(res: dict, link_to: str, server: str = "tangram") -> list[str]:
     """The README's row: the profile as launched (server: with no other option, its default policy; or
     tangram-host, with its host tier) against the fastest stock server (median turns/s over the runs), the
@@ -824,8 +831,11 @@ def think_time_row(res: dict, link_to: str, server: str = "tangram") -> list[str
     cell = lambda m: (f"later turns reused {100 * m['reuse']:.0f}%, TTFT p50 / p99 {m['ttft_p50']:.0f} / "  # noqa: E731
                       f"{m['ttft_p99']:.0f} s, {m['right']:g}/{a['sessions']} right")
     profile = a["profile"].rsplit("/", 1)[-1].split(".yaml")[0]
+    alone = ("launched with the profile alone (its default ratio and policy, lpm)"
+             if default_ratio(a["profile"]) == a["ratio"]
+             else "launched with the profile and the ratio alone (no policy flag: the profile's default, lpm)")
     how = ("with a compressed host tier of twice the pool's bytes (`--tangram-host-ratio 2`)" if "host" in server
-           else "launched with the profile and the ratio alone (no policy flag: the profile's default, lpm)")
+           else alone)
     how += ", session ids and the session radix cache on both sides" if server.endswith("sessions") else ""
     return [f"Multi-turn sessions that pause between turns, {res['model_path'].rstrip('/').split('/')[-1]}, {profile} "
             f"{a['ratio']:g} {how}, {a['sessions']} sessions arriving over "
@@ -1259,12 +1269,13 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "think_time_pareto": ("The think-time workload with heavy-tailed pauses (a Lomax of shape 1.5, the same mean): "
                           "the profile as launched against stock lpm",
                           lambda: " ".join(think_time_row(load(THINK_TIME_PARETO), "")[1:3]).replace("**", ""), None),
-    "think_time_qwen": ("The think-time workload on Qwen2.5-0.5B launched with its FastKVzip profile alone (its "
-                        "default ratio, 0.5), scaled to this CPU "
-                        "(6 sessions of 500-token documents, a 2,560-token pool): the profile as launched, stock lpm, "
+    "think_time_qwen": ("The think-time workload on Qwen2.5-0.5B with its FastKVzip profile at 0.5 (its default "
+                        "ratio until 2026-12-07, now the recommended 0.25), scaled to this CPU "
+                        "(6 sessions of 500-token documents, a 2,560-token pool): the profile, stock lpm, "
                         "the 1.0 control",
                         lambda: " ".join(think_time_row(load(THINK_TIME_QWEN), "")[1:3]).replace("**", ""), None),
-    "think_time_qwen_r025": ("The same Qwen workload at the recommended 0.25 (`--ratio 0.25`)",
+    "think_time_qwen_r025": ("The same Qwen workload at the recommended 0.25 (`--ratio 0.25`, the profile's "
+                             "default ratio since 2026-12-07: what `--tangram-profile` alone serves)",
                              lambda: " ".join(think_time_row(load(THINK_TIME_QWEN_R025), "")[1:3]).replace("**", ""),
                              None),
     "think_time_tlru": ("The think-time workload on stock lpm with SGLang's Tail-Optimized LRU eviction "

@@ -148,6 +148,17 @@ def test_readme_recommends_what_the_results_show():
         assert f"**{ratio:g}**" in row[0], f"README should recommend {ratio:g} for {spec['profile']}: {row[0]}"
 
 
+def test_a_shipped_profile_serves_its_recommended_ratio_by_default():
+    """A user who passes only --tangram-profile gets the ratio the results recommend (its default_ratio)."""
+    from tangram_sglang.profile import load_profile
+
+    tables = load_by_path(GENERATOR, "tangram_report_tables_default")
+    for key, spec in tables.SHIPPED.items():
+        ratio = tables.recommended(key)["ratio"]
+        default = load_profile(str(REPO / spec["profile"])).default_ratio
+        assert default == ratio, f"{spec['profile']}: default_ratio {default:g}, the results recommend {ratio:g}"
+
+
 def test_demo_prints_measured_figures(tmp_path):
     chat = load_by_path(REPO / "launch" / "chat.py", "tangram_launch_chat")
     tables = load_by_path(GENERATOR, "tangram_report_tables_demo")

@@ -174,3 +174,17 @@ def test_a_figure_counts_the_benchmark_code_and_launch_flags_its_module_loads():
     assert counted("tangram_sglang/sglang/server_process.py")      # writes the servers' launch flags
     assert not counted("benchmarks/common/stamp.py") and not counted("benchmarks/common/report_tables.py")
     assert not counted("benchmarks/serving/pressure.py")           # another figure's module
+
+
+# modules that serve a model's shipped profile (named by --profile or by --model): each figure states the ratio
+RATIO_SERVING = ("benchmarks.serving.think_time", "benchmarks.serving.hit_recompute", "benchmarks.serving.concurrency",
+                 "benchmarks.serving.bench_serving", "benchmarks.timing.prefill_history", "benchmarks.timing.prefill_cost",
+                 "benchmarks.timing.decode_step", "benchmarks.fidelity.run")
+
+
+def test_every_figure_serving_a_profile_names_its_ratio():
+    """A profile's default_ratio never reaches a figure (so changing it, 2026-12-07, leaves every figure's inputs
+    the same): each run of a profile-serving module passes --ratio / --ratios."""
+    for fig in FIGURES:
+        if fig.module in RATIO_SERVING:
+            assert {"--ratio", "--ratios"} & set(fig.full), f"{fig.name} serves its profile's default ratio"
