@@ -757,26 +757,49 @@ def think_time_table(res: dict) -> list[str]:
     """The think-time benchmark's Markdown: the workload, a row per server (median [min, max] over the runs),
     the profile's reuse counters."""
     a = res["args"]
+    best = _best_stock(_think_medians(res))
+    return [f"{a['sessions']} sessions arriving over {a['arrival_window']:g} s, {a['turns']} turns each over the "
+            f"OpenAI chat API (streamed, greedy): {a['turns'] - 1} documents of about {a['doc_tokens']} tokens "
+            f"(the first carries an access code), then the question for the code; think time between turns "
+            f"{a['think']} with mean {a['think_mean']:g} s; every server gets `--max-total-tokens "
+            f"{a['max_total_tokens']}` (the same KV bytes). {res['model_path'].rstrip('/').split('/')[-1]}, profile "
+            f"`{a['profile']}` at {a['ratio']:g}. Median [min, max] over {a['repeats']} alternating run(s); "
+            f"'vs best stock' divides by the stock server with the highest median turns/s ({best}), per repeat "
+            f"(median [min, max] of the paired ratios).", "", *_server_rows(res, right=True)]
+
+
+def rounds_table(res: dict) -> list[str]:
+    """benchmarks/serving/multiturn_rounds.py's Markdown (SGLang's bench_multiturn shape): the workload, a row
+    per server, the profile's reuse counters."""
+    a = res["args"]
+    best = _best_stock(_think_medians(res))
+    rate = ("Poisson" if a["distribution"] == "poisson" else "uniform") + f" at {a['request_rate']:g} requests/s"
+    return [f"SGLang's bench_multiturn shape: {a['num_clients']} clients x {a['num_rounds']} rounds, each round "
+            f"{a['request_length']} new tokens of text (input_ids to `/generate`, streamed) and {a['output_length']} "
+            f"generated (greedy, ignore_eos) appended to the client's history; the next rounds wait in one ready "
+            f"queue ({a['ready_queue_policy']} pop) sent {rate}, at most {a['max_parallel']} in flight; every server "
+            f"gets `--max-total-tokens {a['max_total_tokens']}` (the same KV bytes). "
+            f"{res['model_path'].rstrip('/').split('/')[-1]}, profile `{a['profile']}` at {a['ratio']:g}. Median "
+            f"[min, max] over {a['repeats']} alternating run(s); 'turns/s' is bench_multiturn's throughput (requests "
+            f"per second); 'vs best stock' divides by the stock server with the highest median ({best}), per repeat.",
+            "", *_server_rows(res, right=False)]
+
+
+def _server_rows(res: dict, right: bool) -> list[str]:
+    """A row per server (median [min, max] over the runs), the profile's counters, the host tier's bytes."""
     rng = lambda xs, f: f"{f(median(xs))} [{f(min(xs))}, {f(max(xs))}]"  # noqa: E731
-    runs, meds = think_by_server(res), _think_medians(res)
-    best = _best_stock(meds)
-    lines = [f"{a['sessions']} sessions arriving over {a['arrival_window']:g} s, {a['turns']} turns each over the "
-             f"OpenAI chat API (streamed, greedy): {a['turns'] - 1} documents of about {a['doc_tokens']} tokens "
-             f"(the first carries an access code), then the question for the code; think time between turns "
-             f"{a['think']} with mean {a['think_mean']:g} s; every server gets `--max-total-tokens "
-             f"{a['max_total_tokens']}` (the same KV bytes). {res['model_path'].rstrip('/').split('/')[-1]}, profile "
-             f"`{a['profile']}` at {a['ratio']:g}. Median [min, max] over {a['repeats']} alternating run(s); "
-             f"'vs best stock' divides by the stock server with the highest median turns/s ({best}), per repeat "
-             f"(median [min, max] of the paired ratios).", "",
-             "| server | runs | right | turns/s | vs best stock | later turns reused | reuse per turn (2, 3, ...) "
-             "| TTFT p50 s | TTFT p99 s | prompt tokens prefilled |", "|---|---|---|---|---|---|---|---|---|---|"]
+    runs, best = think_by_server(res), _best_stock(_think_medians(res))
+    lines = ["| server | runs | " + "right | " * right + "turns/s | vs best stock | later turns reused | reuse per "
+             "turn (2, 3, ...) | TTFT p50 s | TTFT p99 s | prompt tokens prefilled |",
+             "|---|---|" + "---|" * right + "---|---|---|---|---|---|---|"]
     for name, rs in runs.items():
         fs = [think_figures(r) for r in rs]
         per_turn = ", ".join(f"{100 * median(f['reuse_per_turn'].get(k, 0) for f in fs):.0f}%"
                              for k in sorted(fs[0]["reuse_per_turn"]))
         vs = _ratio_cell(res, name, best) if best else "-"
-        lines.append(f"| {name} | {len(rs)} | {rng([f['right'] for f in fs], lambda x: f'{x:g}')}/{fs[0]['sessions']} "
-                     f"| {rng([f['turns_per_s'] for f in fs], lambda x: f'{x:.3f}')} | {vs} | "
+        answered = f"{rng([f['right'] for f in fs], lambda x: f'{x:g}')}/{fs[0]['sessions']} | " if right else ""
+        lines.append(f"| {name} | {len(rs)} | {answered}"
+                     f"{rng([f['turns_per_s'] for f in fs], lambda x: f'{x:.3f}')} | {vs} | "
                      f"{rng([100 * f['reuse'] for f in fs], lambda x: f'{x:.1f}%')} | {per_turn} | "
                      f"{rng([f['ttft_p50'] for f in fs], lambda x: f'{x:.1f}')} | "
                      f"{rng([f['ttft_p99'] for f in fs], lambda x: f'{x:.1f}')} | "
@@ -903,7 +926,9 @@ def key_results() -> list[str]:
     q = per_run_ratios(d["rows"], "steps_ms")
     rows.append([f"Decode step, batch {d['batch']} x {d['context']:,} tokens, {server_label(d['rows'][-1], None)}",
                  f"{times(d['rows'][-1]['vs_stock'])} stock's time (median of {d['reps']}, {spread(q[-1])})",
-                 "stock 1.00x", link("timing/decode_step.json")])
+                 "stock 1.00x" + "".join(f"; ratio-1.0 control {times(r['vs_stock'])} ({spread(qr)})"
+                                         for r, qr in zip(d["rows"], q) if r.get("ratio") == 1.0),
+                 link("timing/decode_step.json")])
     return table(["result (CPU, float32)", "Tangram", "baseline", "file"], rows)
 
 
