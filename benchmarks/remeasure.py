@@ -204,6 +204,15 @@ FIGURES: tuple[Figure, ...] = (
            ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think-mean", "1",
             "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "stock-lpm-tlru", "stock-lpm",
             "--out", f"{QUICK_DIR}/serving/think_time_tlru.json")),
+    # SGLang's own multi-turn benchmark shape (bench_multiturn: clients, rounds, a request rate over one ready queue;
+    # issue 60 item 1), memory binding (12 clients' histories reach 27K tokens), the profile, stock lpm, the 1.0 control
+    Figure("multiturn_rounds", "serving", "benchmarks.serving.multiturn_rounds",
+           ("--num-clients", "12", "--num-rounds", "4", "--request-length", "512", "--output-length", "64",
+            "--request-rate", "1", "--max-parallel", "8", "--max-total-tokens", "8192", "--ratio", "0.4",
+            "--servers", "tangram", "stock-lpm", "tangram-1.0", "--repeats", "3"),
+           ("--num-clients", "3", "--num-rounds", "2", "--request-length", "512", "--output-length", "16",
+            "--request-rate", "4", "--max-parallel", "2", "--max-total-tokens", "4096", "--ratio", "0.4",
+            "--servers", "tangram", "stock-lpm", "--out", f"{QUICK_DIR}/serving/multiturn_rounds.json")),
     # the compressed host tier (issue 51 item 3, issue 60's lever): the profile with 2 pools' bytes of host memory,
     # stock lpm given those bytes on the device (the bound on stock HiCache) and at the same device bytes, the 1.0
     # control with the same host tier

@@ -177,9 +177,10 @@ def test_a_figure_counts_the_benchmark_code_and_launch_flags_its_module_loads():
 
 
 # modules that serve a model's shipped profile (named by --profile or by --model): each figure states the ratio
-RATIO_SERVING = ("benchmarks.serving.think_time", "benchmarks.serving.hit_recompute", "benchmarks.serving.concurrency",
-                 "benchmarks.serving.bench_serving", "benchmarks.timing.prefill_history", "benchmarks.timing.prefill_cost",
-                 "benchmarks.timing.decode_step", "benchmarks.fidelity.run")
+RATIO_SERVING = ("benchmarks.serving.think_time", "benchmarks.serving.multiturn_rounds",
+                 "benchmarks.serving.hit_recompute", "benchmarks.serving.concurrency", "benchmarks.serving.bench_serving",
+                 "benchmarks.timing.prefill_history", "benchmarks.timing.prefill_cost", "benchmarks.timing.decode_step",
+                 "benchmarks.fidelity.run")
 
 
 def test_every_figure_serving_a_profile_names_its_ratio():
