@@ -170,9 +170,9 @@ FIGURES: tuple[Figure, ...] = (
            ("--sessions", "3", "--turns", "2", "--doc-tokens", "300", "--arrival-window", "2", "--think-mean", "1",
             "--max-total-tokens", "4096", "--ratio", "0.4", "--servers", "tangram", "stock-lpm",
             "--out", f"{QUICK_DIR}/serving/think_time.json")),
-    # the same on Qwen2.5-0.5B at 0.5 (issue 60's second model; measured as launched with the profile alone when
-    # 0.5 was its default_ratio, so the stamped command has no --ratio), scaled to this CPU: half the sessions,
-    # shorter documents, the pool at the same share of the sessions' tokens (about a quarter)
+    # the same on Qwen2.5-0.5B at 0.5 (issue 60's second model; its default_ratio and, under the chunk rule, its
+    # recommended ratio: measured launched with the profile alone, so the stamped command has no --ratio), scaled
+    # to this CPU: half the sessions, shorter documents, the pool at the same share of the sessions' tokens
     Figure("think_time_qwen", "serving", "benchmarks.serving.think_time",
            ("--model", "qwen2.5-0.5b", "--ratio", "0.5", "--sessions", "6", "--turns", "4", "--doc-tokens", "500", "--arrival-window",
             "30", "--think-mean", "8", "--max-total-tokens", "2560", "--servers", "tangram", "stock-lpm",
@@ -180,7 +180,7 @@ FIGURES: tuple[Figure, ...] = (
            ("--model", "qwen2.5-0.5b", "--ratio", "0.5", "--sessions", "3", "--turns", "2", "--doc-tokens", "300",
             "--arrival-window", "2", "--think-mean", "1", "--max-total-tokens", "2048", "--servers", "tangram",
             "stock-lpm", "--out", f"{QUICK_DIR}/serving/think_time_qwen.json")),
-    # the same at the recommended 0.25 (the profile's default_ratio since 2026-12-07: what it serves launched alone)
+    # the same at 0.25 (the recommended ratio before the chunk rule; 25 of 32 answers against full KV's 30 after it)
     Figure("think_time_qwen_r025", "serving", "benchmarks.serving.think_time",
            ("--model", "qwen2.5-0.5b", "--ratio", "0.25", "--sessions", "6", "--turns", "4", "--doc-tokens", "500",
             "--arrival-window", "30", "--think-mean", "8", "--max-total-tokens", "2560", "--servers", "tangram",
@@ -286,6 +286,10 @@ OTHER_RESULTS: dict[str, str] = {
     "fidelity/fidelity_runs.jsonl": "records: every conversation's answers, by code version (the fidelity store)",
     "fidelity/fidelity_versions.json": "records: code versions shown to answer alike (the carry check)",
     "fidelity/fidelity_before.md": "the answers from before two serving fixes, kept as the record of them",
+    "fidelity/fidelity_fastkvzip_before_chunk_rule.json": ("the SmolLM2 report on the code before the chunk rule (12-05): "
+                                                         "every setting and ratio, kept as the record of it"),
+    "fidelity/fidelity_qwen_fastkvzip_before_chunk_rule.json": ("the Qwen report on the code before the chunk rule "
+                                                              "(12-05): every setting and ratio, kept as the record of it"),
     "fidelity/fidelity.json": _STUDY,
     "fidelity/fidelity_kvzip.json": _STUDY,
     "fidelity/fidelity_fastkvzip_layer_scope.json": _STUDY,

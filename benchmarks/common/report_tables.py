@@ -692,7 +692,7 @@ THINK_TIME_HOST = "serving/think_time_host.json"  # the profile with its compres
 THINK_TIME_HOST_SESSIONS = "serving/think_time_host_sessions.json"  # the same with session ids, session radix cache
 THINK_TIME_TLRU = "serving/think_time_tlru.json"  # stock lpm with SGLang's T-LRU eviction against plain lpm
 THINK_TIME_QWEN = "serving/think_time_qwen.json"  # the think-time workload on Qwen2.5-0.5B, scaled to this CPU
-THINK_TIME_QWEN_R025 = "serving/think_time_qwen_r025.json"  # the same at the recommended 0.25
+THINK_TIME_QWEN_R025 = "serving/think_time_qwen_r025.json"  # the same at 0.25
 THINK_COUNTERS = ("matched_tokens", "evicted_tokens_admission", "evicted_tokens_decode", "evicted_tokens_flush",
                   "evicted_tokens_sglang", "evictions_refused", "published_segments", "twin_segments",
                   "detached_segments", "waited", "retracted", "prefill_passes", "prefill_chunks", "offloaded_tokens",
@@ -897,7 +897,9 @@ def key_results() -> list[str]:
     rows.append(bench_serving_row(BENCH_LOW))
     if (RESULTS / THINK_TIME).exists():
         rows.append(think_time_row(load(THINK_TIME), link(THINK_TIME)))
-    qwen = next((q for q in (THINK_TIME_QWEN_R025, THINK_TIME_QWEN) if (RESULTS / q).exists()), None)
+    runs = [q for q in (THINK_TIME_QWEN_R025, THINK_TIME_QWEN) if (RESULTS / q).exists()]
+    rec = recommended("qwen2.5-0.5b")["ratio"] if runs else None
+    qwen = next((q for q in runs if load(q)["args"]["ratio"] == rec), runs[0] if runs else None)
     if qwen:  # the recommended ratio's run where there is one
         rows.append(think_time_row(load(qwen), link(qwen)))
     if (RESULTS / THINK_TIME_HOST).exists():
@@ -1260,6 +1262,15 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                        lambda: fidelity_headline("fidelity/fidelity_gemma.json"), None),
     "fidelity_gemma_layer": ("Gemma-3-270m with per-layer budgets (paper Eq. 3) instead of model-wide ones",
                              lambda: fidelity_headline("fidelity/fidelity_gemma_layer.json"), None),
+    "fidelity_fastkvzip_before_chunk_rule": ("SmolLM2 FastKVzip fidelity on the code before the chunk rule (12-05): "
+                                             "every setting and ratio; the current report re-ran the served 0.4 only",
+                                             lambda: fidelity_headline("fidelity/fidelity_fastkvzip_before_chunk_rule.json"),
+                                             None),
+    "fidelity_qwen_fastkvzip_before_chunk_rule": ("Qwen2.5-0.5B FastKVzip fidelity on the code before the chunk rule "
+                                                  "(12-05): every setting and ratio; the current report re-ran the "
+                                                  "served rows only",
+                                                  lambda: fidelity_headline(
+                                                      "fidelity/fidelity_qwen_fastkvzip_before_chunk_rule.json"), None),
     "fidelity_before": ("Fidelity answers recorded before two serving fixes (first chunk independent of batching; "
                         "sinks and newest tokens protected), kept for comparison", lambda: "see the file",
                         "the benchmark's first version (its answers stay in fidelity_runs.jsonl)"),
@@ -1294,13 +1305,13 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "think_time_pareto": ("The think-time workload with heavy-tailed pauses (a Lomax of shape 1.5, the same mean): "
                           "the profile as launched against stock lpm",
                           lambda: " ".join(think_time_row(load(THINK_TIME_PARETO), "")[1:3]).replace("**", ""), None),
-    "think_time_qwen": ("The think-time workload on Qwen2.5-0.5B with its FastKVzip profile at 0.5 (its default "
-                        "ratio until 2026-12-07, now the recommended 0.25), scaled to this CPU "
-                        "(6 sessions of 500-token documents, a 2,560-token pool): the profile, stock lpm, "
+    "think_time_qwen": ("The think-time workload on Qwen2.5-0.5B launched with its FastKVzip profile alone (its "
+                        "default ratio, 0.5: the recommended one under the chunk rule), scaled to this CPU "
+                        "(6 sessions of 500-token documents, a 2,560-token pool): the profile as launched, stock lpm, "
                         "the 1.0 control",
                         lambda: " ".join(think_time_row(load(THINK_TIME_QWEN), "")[1:3]).replace("**", ""), None),
-    "think_time_qwen_r025": ("The same Qwen workload at the recommended 0.25 (`--ratio 0.25`, the profile's "
-                             "default ratio since 2026-12-07: what `--tangram-profile` alone serves)",
+    "think_time_qwen_r025": ("The same Qwen workload at 0.25 (`--ratio 0.25`; the recommended ratio before the "
+                             "chunk rule, 5 answers in 32 under full KV's since)",
                              lambda: " ".join(think_time_row(load(THINK_TIME_QWEN_R025), "")[1:3]).replace("**", ""),
                              None),
     "think_time_tlru": ("The think-time workload on stock lpm with SGLang's Tail-Optimized LRU eviction "
