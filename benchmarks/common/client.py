@@ -68,6 +68,24 @@ def pool_info(url: str, timeout: float = 60) -> dict:
     return server_state(url, timeout)["tangram"]["pool_info"]
 
 
+def stream_events(url: str, path: str, body: dict, timeout: float = 3600):
+    """POST ``body`` to ``path`` and yield each server-sent ``data:`` event, parsed, until ``[DONE]``; an HTTP
+    status other than 200 raises RuntimeError with the start of the body."""
+    where = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=timeout)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers=HEADERS)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+        for raw in resp:
+            line = raw.decode(errors="replace").strip()
+            if line.startswith("data:") and line != "data: [DONE]":
+                yield json.loads(line[5:])
+    finally:
+        conn.close()
+
+
 def stream_and_hang_up(url: str, payload: dict, chunks: int, timeout: float = 600) -> tuple[int, int]:
     """Stream a /generate and close the connection after ``chunks`` data chunks (the server then
     aborts the request). Returns (HTTP status, data chunks read)."""

@@ -26,24 +26,21 @@ prompt tokens prefilled, the profile's reuse counters.
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import os
 import random
 import sys
 import threading
 import time
 
-from benchmarks.common.client import HEADERS, server_state
+from benchmarks.common.client import stream_events
 from benchmarks.common.corpus import repo_texts
 from benchmarks.common.log import logger
-from benchmarks.common.models import ensure_model, uniform_profile_path
+from benchmarks.common.models import ensure_model
 from benchmarks.common.paths import ROOT, result_path
-from benchmarks.common.report_tables import rounds_table, think_by_server, think_figures
+from benchmarks.common.report_tables import rounds_table, think_figures
 from benchmarks.common.results import write_json, write_markdown
 from benchmarks.common.stamp import stamp
-from benchmarks.serving.think_time import BYTES_SCALE, CORPUS, PROFILES, SERVERS
-from tangram_sglang.sglang.server_process import ServerProcess
+from benchmarks.serving.think_time import CORPUS, PROFILES, SERVERS, plot, report_problems, run_server
 
 os.environ.setdefault("TANGRAM_INTEGRITY_CHECK", "1")
 log = logger("multiturn_rounds")
@@ -74,23 +71,10 @@ def generate_stream(url: str, ids: list[int], output_length: int, timeout: float
     """One streamed /generate of token ids (greedy, ignore_eos): output_ids, ttft_s, seconds, meta_info."""
     body = {"input_ids": ids, "stream": True,
             "sampling_params": {"temperature": 0, "max_new_tokens": output_length, "ignore_eos": True}}
-    host, port = url.split("//")[1].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     t0, ttft, last = time.perf_counter(), None, None
-    try:
-        conn.request("POST", "/generate", body=json.dumps(body), headers=HEADERS)
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-        for raw in resp:
-            line = raw.decode(errors="replace").strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            last = json.loads(line[5:])
-            if last.get("output_ids") and ttft is None:
-                ttft = time.perf_counter() - t0
-    finally:
-        conn.close()
+    for last in stream_events(url, "/generate", body, timeout):
+        if last.get("output_ids") and ttft is None:
+            ttft = time.perf_counter() - t0
     if last is None:
         raise RuntimeError("the stream ended with no data")
     return dict(output_ids=list(last.get("output_ids") or []), meta=last.get("meta_info") or {},
@@ -155,59 +139,11 @@ def run_clients(url: str, inputs: Inputs, args) -> dict:
     return dict(wall_s=round(time.perf_counter() - t_start, 2), sessions=results, errors=errors)
 
 
-def run_server(name: str, model_path: str, args, inputs: Inputs) -> dict:
-    kind, extra, _ = SERVERS[name]
-    tokens = args.max_total_tokens * BYTES_SCALE.get(name, 1)
-    extra = ["--max-total-tokens", str(tokens), "--enable-cache-report", "--sleep-on-idle", *extra]
-    profile = None
-    if kind == "shipped":
-        profile, extra = os.path.join(ROOT, args.profile), extra + ["--tangram-ratio", str(args.ratio)]
-    elif kind == "uniform":
-        profile = uniform_profile_path(model_path)
-    log(f"[{name}] starting on port {args.port}")
-    with ServerProcess(model_path, port=args.port, profile=profile, extra_args=extra) as srv:
-        run = run_clients(srv.url, inputs, args)
-        state = server_state(srv.url, timeout=120)
-    pool = (state.get("tangram") or {}).get("pool_info")
-    out = dict(server=name, **run, batch_counters=state.get("batch_counters", {}))
-    if pool is not None:
-        out["pool_info"] = pool
-    log(f"[{name}] {summarize(out)}")
-    return out
-
-
 def summarize(run: dict) -> str:
     f = think_figures(run)
     return (f"{f['turns']} requests, {f['turns_per_s']:.3f} requests/s, later rounds reused {100 * f['reuse']:.1f}%, "
             f"TTFT p50 {f['ttft_p50']:.1f} s p99 {f['ttft_p99']:.1f} s, prefilled {f['prefilled']}, "
             f"{len(run['errors'])} errors")
-
-
-def plot(res: dict, path: str) -> None:
-    """Share of each later round's prompt read from the cache, per server (median over the runs)."""
-    import statistics
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = {name: [think_figures(r)["reuse_per_turn"] for r in rs] for name, rs in think_by_server(res).items()}
-    rounds = sorted({k for rs in runs.values() for per in rs for k in per})
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    width = 0.8 / max(1, len(runs))
-    for i, (name, rs) in enumerate(runs.items()):
-        ys = [100 * statistics.median(per.get(k, 0.0) for per in rs) for k in rounds]
-        ax.bar([t + (i - (len(runs) - 1) / 2) * width for t in rounds], ys, width, label=name)
-    ax.set_xticks(rounds)
-    ax.set_xlabel("round")
-    ax.set_ylabel("prompt read from the cache (%)")
-    ax.set_title(f"History reused, {res['args']['num_clients']} clients at {res['args']['request_rate']:g} requests/s, "
-                 "same KV bytes")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def parse(argv=None):
@@ -250,19 +186,16 @@ def main(argv=None) -> int:
     runs = []
     for repeat in range(args.repeats):
         for name in args.servers:
-            runs.append({**run_server(name, model_path, args, inputs), "repeat": repeat})
+            run = run_server(name, model_path, args, None, client=lambda url: run_clients(url, inputs, args),
+                             summary=summarize)
+            runs.append({**run, "repeat": repeat})
     res = dict(args=vars(args), model_path=model_path, runs=runs)
     write_json(args.out, res, run_stamp)
     write_markdown(os.path.splitext(args.out)[0] + ".md", "SGLang's multi-turn benchmark shape at the same KV bytes",
                    rounds_table(res), run_stamp)
-    plot(res, os.path.splitext(args.out)[0] + ".png")
-    problems = [f"{r['server']}: {e}" for r in runs for e in r["errors"]]
-    problems += [f"{r['server']}: pool integrity {r['pool_info'].get('integrity')}" for r in runs
-                 if r.get("pool_info") and r["pool_info"].get("integrity") != "ok"]
-    for p in problems:
-        log(f"PROBLEM {p}")
-    log(f"wrote {args.out}")
-    return 1 if problems else 0
+    plot(res, os.path.splitext(args.out)[0] + ".png", "round", f"History reused, {args.num_clients} clients at "
+         f"{args.request_rate:g} requests/s, same KV bytes")
+    return report_problems(runs, args.out)
 
 
 if __name__ == "__main__":

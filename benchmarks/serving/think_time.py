@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 
-from benchmarks.common.client import HEADERS, server_state
+from benchmarks.common.client import HEADERS, server_state, stream_events
 from benchmarks.common.report_tables import think_by_server as _by_server
 from benchmarks.common.report_tables import think_figures as figures
 from benchmarks.common.report_tables import think_time_table as fmt_md
@@ -159,28 +159,15 @@ def chat_turn(url: str, messages: list[dict], max_tokens: int, session_id: str |
             "stream": True, "stream_options": {"include_usage": True}}
     if session_id is not None:
         body["session_id"] = session_id
-    host, port = url.split("//")[1].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     t0, ttft, text, usage = time.perf_counter(), None, [], None
-    try:
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=HEADERS)
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-        for raw in resp:
-            line = raw.decode(errors="replace").strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    ttft = ttft if ttft is not None else time.perf_counter() - t0
-                    text.append(piece)
-    finally:
-        conn.close()
+    for chunk in stream_events(url, "/v1/chat/completions", body, timeout):
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            piece = (choice.get("delta") or {}).get("content")
+            if piece:
+                ttft = ttft if ttft is not None else time.perf_counter() - t0
+                text.append(piece)
     return dict(text="".join(text), ttft_s=ttft if ttft is not None else time.perf_counter() - t0,
                 seconds=time.perf_counter() - t0, usage=usage or {})
 
@@ -228,7 +215,9 @@ def run_sessions(url: str, wl: Workload, with_session_ids: bool) -> dict:
 
 
 # -- servers --------------------------------------------------------------------------------------
-def run_server(name: str, model_path: str, args, wl: Workload) -> dict:
+def run_server(name: str, model_path: str, args, wl: Workload | None, client=None, summary=None) -> dict:
+    """One of SERVERS at --max-total-tokens (its BYTES_SCALE) with the benchmark's flags; client(url) -> the
+    run's records (default: wl's think-time sessions), then the server's counters; logs summary(run)."""
     kind, extra, sessions = SERVERS[name]
     tokens = args.max_total_tokens * BYTES_SCALE.get(name, 1)
     extra = ["--max-total-tokens", str(tokens), "--enable-cache-report", "--sleep-on-idle", *extra]
@@ -239,13 +228,13 @@ def run_server(name: str, model_path: str, args, wl: Workload) -> dict:
         profile = uniform_profile_path(model_path)
     log(f"[{name}] starting on port {args.port}")
     with ServerProcess(model_path, port=args.port, profile=profile, extra_args=extra) as srv:
-        run = run_sessions(srv.url, wl, sessions)
+        run = client(srv.url) if client else run_sessions(srv.url, wl, sessions)
         state = server_state(srv.url, timeout=120)
     pool = (state.get("tangram") or {}).get("pool_info")
     out = dict(server=name, **run, batch_counters=state.get("batch_counters", {}))
     if pool is not None:
         out["pool_info"] = pool
-    log(f"[{name}] {summarize(out)}")
+    log(f"[{name}] {(summary or summarize)(out)}")
     return out
 
 
@@ -257,8 +246,8 @@ def summarize(run: dict) -> str:
             f"prefilled {f['prefilled']}, {len(run['errors'])} errors")
 
 
-def plot(res: dict, path: str) -> None:
-    """Share of each later turn's prompt read from the cache, per server (median over the runs)."""
+def plot(res: dict, path: str, axis: str = "turn", title: str | None = None) -> None:
+    """Share of each later turn's (round's) prompt read from the cache, per server (median over the runs)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -272,13 +261,24 @@ def plot(res: dict, path: str) -> None:
         ys = [100 * statistics.median(per.get(k, 0.0) for per in rs) for k in turns]
         ax.bar([t + (i - (len(runs) - 1) / 2) * width for t in turns], ys, width, label=name)
     ax.set_xticks(turns)
-    ax.set_xlabel("turn")
+    ax.set_xlabel(axis)
     ax.set_ylabel("prompt read from the cache (%)")
-    ax.set_title(f"History reused under think time (mean {res['args']['think_mean']} s), same KV bytes")
+    ax.set_title(title or f"History reused under think time (mean {res['args']['think_mean']} s), same KV bytes")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def report_problems(runs: list[dict], out: str) -> int:
+    """Log each request's error and each pool whose integrity check failed: 1 (the run fails) if any, else 0."""
+    problems = [f"{r['server']}: {e}" for r in runs for e in r["errors"]]
+    problems += [f"{r['server']}: pool integrity {r['pool_info'].get('integrity')}" for r in runs
+                 if r.get("pool_info") and r["pool_info"].get("integrity") != "ok"]
+    for p in problems:
+        log(f"PROBLEM {p}")
+    log(f"wrote {out}")
+    return 1 if problems else 0
 
 
 def main(argv=None) -> int:
@@ -317,13 +317,7 @@ def main(argv=None) -> int:
     write_markdown(os.path.splitext(args.out)[0] + ".md", "Multi-turn sessions with think time at the same KV bytes",
                    fmt_md(res), run_stamp)
     plot(res, os.path.splitext(args.out)[0] + ".png")
-    problems = [f"{r['server']}: {e}" for r in runs for e in r["errors"]]
-    problems += [f"{r['server']}: pool integrity {r['pool_info'].get('integrity')}" for r in runs
-                 if r.get("pool_info") and r["pool_info"].get("integrity") != "ok"]
-    for p in problems:
-        log(f"PROBLEM {p}")
-    log(f"wrote {args.out}")
-    return 1 if problems else 0
+    return report_problems(runs, args.out)
 
 
 if __name__ == "__main__":

@@ -101,3 +101,81 @@ def test_the_table_has_a_row_per_server_and_no_answers_column(server):
     assert "right" not in header and len(rows) == 2
     assert all(len(r.split("|")) == len(header.split("|")) for r in rows)
     assert "1.00x" in rows[0]
+
+
+def test_think_time_servers_launch_with_the_same_flags_and_take_a_client(monkeypatch):
+    """think_time.run_server, shared with multiturn_rounds: each server's model, profile and flags as before the
+    client became a parameter (what the think-time figures ran), and a given client replaces the sessions."""
+    from benchmarks.serving import think_time
+
+    launched, ran = [], []
+
+    class FakeServer:
+        def __init__(self, model_path, port, profile, extra_args):
+            launched.append((profile, list(extra_args)))
+            self.url = f"http://127.0.0.1:{port}"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(think_time, "ServerProcess", FakeServer)
+    monkeypatch.setattr(think_time, "server_state", lambda url, timeout: {})
+    monkeypatch.setattr(think_time, "uniform_profile_path", lambda model_path: "/u.yaml")
+    monkeypatch.setattr(think_time, "run_sessions", lambda url, wl, ids: ran.append(ids) or
+                        dict(wall_s=1.0, sessions=[], errors=[]))
+    args = types.SimpleNamespace(max_total_tokens=8192, profile="configs/p.yaml", ratio=0.4, port=1)
+    base = ["--enable-cache-report", "--sleep-on-idle"]
+    expect = {
+        "tangram": (think_time.ROOT + "/configs/p.yaml", ["--max-total-tokens", "8192", *base, "--tangram-ratio", "0.4"]),
+        "stock-lpm": (None, ["--max-total-tokens", "8192", *base, "--schedule-policy", "lpm"]),
+        "tangram-1.0": ("/u.yaml", ["--max-total-tokens", "8192", *base]),
+        "stock-lpm-host-bytes": (None, ["--max-total-tokens", "24576", *base, "--schedule-policy", "lpm"]),
+        "tangram-host-sessions": (think_time.ROOT + "/configs/p.yaml", ["--max-total-tokens", "8192", *base,
+                                  "--tangram-host-ratio", "2", "--enable-session-radix-cache", "--tangram-ratio", "0.4"]),
+    }
+    for name, (profile, flags) in expect.items():
+        out = think_time.run_server(name, "/m", args, object())
+        assert launched[-1] == (profile, flags) and out["server"] == name
+    assert ran == [False, False, False, False, True]
+    out = think_time.run_server("stock-lpm", "/m", args, None, client=lambda url: dict(wall_s=2.0, sessions=[], errors=[]))
+    assert out["wall_s"] == 2.0 and len(ran) == 5
+
+
+def test_a_streamed_chat_turn_reads_text_usage_and_first_token():
+    """think_time.chat_turn over client.stream_events: the deltas joined, the usage chunk, a TTFT no later than the
+    whole turn; an HTTP error raises with its status."""
+    from benchmarks.serving.think_time import chat_turn
+
+    events = [{"choices": [{"delta": {"role": "assistant"}}]}, {"choices": [{"delta": {"content": "The code"}}]},
+              {"choices": [{"delta": {"content": " is 42."}}]}, {"choices": [], "usage": {"prompt_tokens": 9}}]
+    status = [200]
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert self.path == "/v1/chat/completions" and body["stream"] and body["session_id"] == "s1"
+            self.send_response(status[0])
+            self.end_headers()
+            if status[0] == 200:
+                for e in events:
+                    self.wfile.write(f"data: {json.dumps(e)}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        out = chat_turn(url, [{"role": "user", "content": "?"}], 8, "s1")
+        assert out["text"] == "The code is 42." and out["usage"] == {"prompt_tokens": 9}
+        assert 0 <= out["ttft_s"] <= out["seconds"]
+        status[0] = 503
+        with pytest.raises(RuntimeError, match="HTTP 503"):
+            chat_turn(url, [{"role": "user", "content": "?"}], 8, "s1")
+    finally:
+        httpd.shutdown()
