@@ -166,7 +166,7 @@ def parse(argv=None):
                     choices=[n for n, (_, _, ids) in SERVERS.items() if not ids])
     ap.add_argument("--max-total-tokens", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--port", type=int, default=31871)
+    ap.add_argument("--port", type=int, default=31881)   # fuzz serves on 31871-31872
     ap.add_argument("--out", default=result_path("serving", "multiturn_rounds.json"))
     args = ap.parse_args(argv)
     if min(args.num_clients, args.num_rounds, args.max_parallel, args.request_length) < 1 or args.request_rate <= 0:
