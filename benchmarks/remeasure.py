@@ -174,9 +174,9 @@ FIGURES: tuple[Figure, ...] = (
     # recommended ratio: measured launched with the profile alone, so the stamped command has no --ratio), scaled
     # to this CPU: half the sessions, shorter documents, the pool at the same share of the sessions' tokens
     Figure("think_time_qwen", "serving", "benchmarks.serving.think_time",
-           ("--model", "qwen2.5-0.5b", "--ratio", "0.5", "--sessions", "6", "--turns", "4", "--doc-tokens", "500", "--arrival-window",
-            "30", "--think-mean", "8", "--max-total-tokens", "2560", "--servers", "tangram", "stock-lpm",
-            "tangram-1.0", "--repeats", "3", "--out", "benchmarks/results/serving/think_time_qwen.json"),
+           ("--model", "qwen2.5-0.5b", "--ratio", "0.5", "--sessions", "6", "--turns", "4", "--doc-tokens", "500",
+            "--arrival-window", "30", "--think-mean", "8", "--max-total-tokens", "2560", "--servers", "tangram",
+            "stock-lpm", "tangram-1.0", "--repeats", "3", "--out", "benchmarks/results/serving/think_time_qwen.json"),
            ("--model", "qwen2.5-0.5b", "--ratio", "0.5", "--sessions", "3", "--turns", "2", "--doc-tokens", "300",
             "--arrival-window", "2", "--think-mean", "1", "--max-total-tokens", "2048", "--servers", "tangram",
             "stock-lpm", "--out", f"{QUICK_DIR}/serving/think_time_qwen.json")),
