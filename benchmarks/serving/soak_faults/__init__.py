@@ -1,7 +1,7 @@
 """Soak with faults: the shipped profile behind sglang-router, for an hour, with clients that misbehave.
 
 Two replicas of a model's server with its shipped FastKVzip profile at the recommended ratio
-(SmolLM2 at 0.4, Qwen2.5-0.5B at 0.25), a small ``--max-total-tokens`` so memory binds, behind
+(SmolLM2 at 0.4, Qwen2.5-0.5B at 0.5), a small ``--max-total-tokens`` so memory binds, behind
 sglang-router (cache_aware). Client threads run multi-turn chat sessions through the router's OpenAI API
 (``/v1/chat/completions``, temperature 0): each turn sends the whole history plus a new question about a
 passage of the essays, after a random think time. The run ends once ``--sessions`` sessions have started
@@ -25,9 +25,11 @@ and connection errors while a replica was down count as "replica killed" (a time
 sampled (plotted at the end, the kill and restart marked). After the load: the router stops (its health
 check, SGLang's /health, is a one-token generate that would leave a token in the tree), the replicas go
 idle, ``/flush_cache``, then the pool's integrity check and its pages (0 leaked), RSS against its level
-after the warm-up, tracebacks in the logs, and a greedy replay: ``--check-sessions`` sessions that finished
-without a fault are sent again, alone, turn by turn (the same messages, the cache flushed before each
-session) to the replica that was not killed, and each answer compared with the soak's.
+after the warm-up, tracebacks in the logs, and a greedy replay: every session whose turns were all answered
+(finished or abandoned, faults on the way included; ``--check-sessions N``: N of them) is sent again, alone,
+turn by turn (the same messages, the cache flushed before each session; the sessions dealt to the replicas
+serving then, one at a time on each), and each answer compared with the soak's: the chunk rule makes a hit
+keep what a recompute keeps, so evictions, retractions, aborts and the other replica must change no answer.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.serving.soak_faults --model smollm2   # 1,000 sessions, >= 60 min
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.serving.soak_faults --model qwen

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.common.client import pool_info
 from benchmarks.common.log import logger
@@ -15,30 +16,54 @@ from benchmarks.serving.soak_faults.plan import chat_payload
 log = logger("soak")
 
 
-def replay(url: str, model: str, histories: dict[int, list[dict]], count: int, seed: int) -> dict:
-    """``count`` of the finished plain sessions sent again alone, turn by turn with the soak's messages,
-    the cache flushed before each; each answer compared with the soak's."""
-    picked = sorted(random.Random(seed).sample(sorted(histories), min(count, len(histories))))
-    turns, mismatches = [], []
-    for index in picked:
-        flush(url)
-        for k, h in enumerate(histories[index], 1):
-            raw = chat_once(url, chat_payload(model, h["messages"], h["turn"]), 600)
-            alone = raw["text"] if raw["text"] is not None else f"(error: {raw['error']})"
-            cached = usage_fields(raw)["cached_tokens"]
-            turns.append({"same": alone == h["answer"], "same_cache": cached == h["cached_tokens"]})
-            if alone == h["answer"]:
-                continue
-            at = next((i for i, (a, b) in enumerate(zip(alone, h["answer"])) if a != b),
-                      min(len(alone), len(h["answer"])))
-            mismatches.append({"session": index, "turn": k, "soak_cached_tokens": h["cached_tokens"],
-                               "alone_cached_tokens": cached, "first_difference_at": at,
-                               "soak": h["answer"][max(0, at - 40):at + 80], "alone": alone[max(0, at - 40):at + 80]})
+def replay(urls: list[str], model: str, histories: dict[int, dict], count: int, seed: int) -> dict:
+    """Finished sessions (``histories``: index -> {"fault", "turns"}; all of them when ``count`` <= 0, else
+    ``count`` drawn by ``seed``) sent again alone, turn by turn with the soak's messages, the cache flushed
+    before each session; the sessions dealt round-robin to ``urls``, one session at a time on each. Each
+    answer is compared with the soak's: a hit keeps what a recompute keeps, so faults, evictions and the
+    other replica's cache on the way must not change a greedy answer."""
+    picked = sorted(histories) if count <= 0 else \
+        sorted(random.Random(seed).sample(sorted(histories), min(count, len(histories))))
+
+    def one_replica(url: str, indices: list[int]) -> list[tuple[int, list[dict]]]:
+        return [(index, replay_session(url, model, index, histories[index]["turns"])) for index in indices]
+
+    with ThreadPoolExecutor(max(1, len(urls))) as ex:
+        parts = list(ex.map(lambda k: one_replica(urls[k], picked[k::len(urls)]), range(len(urls))))
+    by_index = dict(item for part in parts for item in part)
+    turns = [dict(t, fault=histories[i]["fault"]) for i in picked for t in by_index[i]]
     same_cache = [t for t in turns if t["same_cache"]]
+    by_fault = {}
+    for t in turns:
+        row = by_fault.setdefault(t["fault"], {"sessions": set(), "turns": 0, "identical": 0})
+        row["sessions"].add(t["session"])
+        row["turns"] += 1
+        row["identical"] += t["same"]
     return {"sessions": len(picked), "turns": len(turns), "identical": sum(t["same"] for t in turns),
             "turns_same_cached_tokens": len(same_cache),
             "identical_same_cached_tokens": sum(t["same"] for t in same_cache),
-            "mismatches": mismatches, "session_indices": picked}
+            "by_fault": {f: dict(r, sessions=len(r["sessions"])) for f, r in sorted(by_fault.items())},
+            "mismatches": [t["mismatch"] for t in turns if not t["same"]], "session_indices": picked}
+
+
+def replay_session(url: str, model: str, index: int, sent: list[dict]) -> list[dict]:
+    """One session's turns sent again alone after a flush: per turn {session, same, same_cache, mismatch}."""
+    flush(url)
+    out = []
+    for k, h in enumerate(sent, 1):
+        raw = chat_once(url, chat_payload(model, h["messages"], h["turn"]), 600)
+        alone = raw["text"] if raw["text"] is not None else f"(error: {raw['error']})"
+        cached = usage_fields(raw)["cached_tokens"]
+        row = {"session": index, "same": alone == h["answer"], "same_cache": cached == h["cached_tokens"],
+               "mismatch": None}
+        if not row["same"]:
+            at = next((i for i, (a, b) in enumerate(zip(alone, h["answer"])) if a != b),
+                      min(len(alone), len(h["answer"])))
+            row["mismatch"] = {"session": index, "turn": k, "soak_cached_tokens": h["cached_tokens"],
+                               "alone_cached_tokens": cached, "first_difference_at": at,
+                               "soak": h["answer"][max(0, at - 40):at + 80], "alone": alone[max(0, at - 40):at + 80]}
+        out.append(row)
+    return out
 
 
 def pool_after(url: str) -> dict:

@@ -92,7 +92,7 @@ class Soak:
         self.url, self.model, self.words, self.args, self.t0 = url, model, words, args, t0
         self.lock = threading.Lock()
         self.started, self.sessions, self.requests = 0, [], []
-        self.histories: dict[int, list[dict]] = {}   # finished plain sessions: each request's messages and answer
+        self.histories: dict[int, dict] = {}   # finished sessions: fault, each answered request's messages and answer
 
     def next_plan(self) -> SessionPlan | None:
         """The next session, until --sessions have started and --minutes have passed."""
@@ -138,8 +138,8 @@ class Soak:
             self.requests += records
             self.sessions.append({"index": plan.index, "fault": plan.fault, "status": status,
                                   "requests": len(records), "planned_turns": plan.planned_turns})
-            if status == "finished" and plan.fault is None:
-                self.histories[plan.index] = sent
+            if status in ("finished", "abandoned"):   # every turn answered: the replay checks them all
+                self.histories[plan.index] = {"fault": plan.fault or "none", "turns": sent}
             done = len(self.sessions)
         if done % self.args.progress_every == 0:
             with self.lock:

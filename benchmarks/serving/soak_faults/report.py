@@ -91,15 +91,21 @@ def report(result: dict, args) -> list[str]:
               f"+{args.rss_tolerance:.0%} of the start.",
               "", f"![memory and pages over time]({os.path.basename(result['plot'])})" if result["plot"]
               else "(no plot: matplotlib is not installed)", "", "## Greedy replay", ""]
-    g, a = result["replay"], result["after_replay_flush"]
-    lines += [f"{g['identical']} of {g['turns']} turns identical over {g['sessions']} finished plain sessions "
-              "(each sent again alone with the soak's messages, the cache flushed before each session, to the "
-              "replica that was not killed); of the turns that found as many history tokens cached as in the soak: "
+    g, after = result["replay"], result["after_replay_flush"]
+    lines += [f"{g['identical']} of {g['turns']} turns identical over {g['sessions']} sessions: every session whose "
+              "turns were all answered (finished or abandoned), faults on the way included, sent again alone with "
+              "the soak's messages, the cache flushed before each session, the sessions dealt to the replicas "
+              "serving after the load; of the turns that found as many history tokens cached as in the soak: "
               f"{g['identical_same_cached_tokens']} of {g['turns_same_cached_tokens']} identical.", "",
-              "A turn whose history was evicted (or routed to the other replica) in the soak is prefilled and "
-              "compressed whole; alone it extends the previous turn's compressed history in the tree: a different "
-              "KV cache, so its greedy answer may differ. After the replay and a flush, that replica: integrity "
-              f"{a.get('integrity')}, {a.get('pages_used')} pages used.", ""]
+              "The chunk rule cuts a history by its tokens alone, so a turn whose history was evicted, retracted, "
+              "cut by an abort or served by the other replica in the soak keeps the KV a replay alone keeps: its "
+              "greedy answer is expected to be the same.", "",
+              "| planned fault | sessions | turns | identical |", "| --- | --- | --- | --- |",
+              *[f"| {f} | {r['sessions']} | {r['turns']} | {r['identical']} |"
+                for f, r in (g.get("by_fault") or {}).items()], "",
+              "After the replay and a flush: " + "; ".join(
+                  f"{url}: integrity {a.get('integrity')}, {a.get('pages_used')} pages used"
+                  for url, a in after.items()) + ".", ""]
     for m in g["mismatches"]:
         lines.append(f"- session {m['session']} turn {m['turn']} (cached tokens: soak {m['soak_cached_tokens']}, "
                      f"alone {m['alone_cached_tokens']}), from character {max(0, m['first_difference_at'] - 40)}: "

@@ -53,16 +53,17 @@ def main(argv=None) -> None:
     ap.add_argument("--kill-grace", type=float, default=10, help="errors this long after the restart still count")
     ap.add_argument("--request-timeout", type=float, default=600, help="every request's client timeout")
     ap.add_argument("--sample-s", type=float, default=10)
-    ap.add_argument("--check-sessions", type=int, default=20, help="sessions replayed alone afterwards")
+    ap.add_argument("--check-sessions", type=int, default=0,
+                    help="finished sessions replayed alone afterwards (0: every one)")
     ap.add_argument("--rss-tolerance", type=float, default=0.10, help="end RSS within this share of the start")
     ap.add_argument("--progress-every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true",
-                    help="24 sessions, >= 3 min, 6 clients, one burst of 8, 4 replayed")
+                    help="24 sessions, >= 3 min, 6 clients, one burst of 8")
     ap.add_argument("--name", default=None, help="results name (default soak_<model>, soak_quick_<model>)")
     args = ap.parse_args(argv)
     if args.quick:
-        args.sessions, args.minutes, args.clients, args.check_sessions = 24, 3, 6, 4
+        args.sessions, args.minutes, args.clients = 24, 3, 6
         args.sample_s, args.progress_every, args.bursts, args.burst_size = 5, 4, [0.2], 8
     run_stamp = stamp(argv)
     name = args.name or (f"soak_quick_{args.model}" if args.quick else f"soak_{args.model}")
@@ -160,11 +161,12 @@ def run(args) -> dict:
         end_rss = [tree_rss_mb(alive_pid(s)) for s in fleet.slots]
         log(f"after the flush: {after}; RSS {[round(r or 0) for r in end_rss]} MiB")
 
-        survivor = fleet.slots[1 - args.kill_replica] if windows else fleet.slots[0]
-        log(f"greedy replay of {args.check_sessions} sessions against {survivor.url}")
-        greedy = replay(survivor.url, model, soak.histories, args.check_sessions, args.seed)
-        flush(survivor.url)
-        after_replay = pool_after(survivor.url)
+        serving = [s for s in fleet.slots if alive_pid(s) is not None]   # a failed restart leaves one
+        log(f"greedy replay of {args.check_sessions or len(soak.histories)} sessions on {[s.url for s in serving]}")
+        greedy = replay([s.url for s in serving], model, soak.histories, args.check_sessions, args.seed)
+        for s in serving:
+            flush(s.url)
+        after_replay = {s.url: pool_after(s.url) for s in serving}
     finally:
         fleet.stop_sampling.set()
         if router is not None:
