@@ -9,9 +9,14 @@ reference to its parent. A request of an older incarnation of a session (opened 
 finishing after its session closed, registers nothing. Stock's counterpart:
 sglang/srt/mem_cache/unified_cache/session_ref_tracker.py.
 
+A session's ratio: a request that names a ratio of the profile (``custom_params``) sets it for its
+session's later requests that name none, until the session closes or is opened again; a history is
+reused only at the ratio that wrote it, so a session keeps finding its own without repeating the field.
+
 State (owned here; nodes carry their counters):
     frontiers    {session_id: set of nodes}; a turn's frontier replaces those on its path
     node.sessions  {session_id: frontiers of it at or below the node}; referenced when non-empty
+    ratios       {session_id: the ratio its requests last named (None: the served one)}
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ class SessionRefs:
     def reset(self) -> None:
         self.frontiers: dict[str, set] = {}
         self.generations: dict[str, int] = {}
+        self.ratios: dict[str, float | None] = {}
         self.closed: OrderedDict[str, None] = OrderedDict()
         self._incarnations = 0
 
     # -- SGLang's calls (scheduler: open_session, a request's arrival, close_session) ---------------
     def open(self, session_id: str) -> int:
         self.closed.pop(session_id, None)
+        self.ratios.pop(session_id, None)
         self._incarnations += 1
         self.generations[session_id] = self._incarnations
         return self._incarnations
@@ -51,10 +58,21 @@ class SessionRefs:
         while len(self.closed) > CLOSED_REMEMBERED:
             self.closed.popitem(last=False)
         self.generations.pop(session_id, None)
+        self.ratios.pop(session_id, None)
         freed = []
         for node in self.frontiers.pop(session_id, ()):
             freed += self._count(node, session_id, -1, root)
         return freed
+
+    def ratio(self, session_id: str | None, named: bool, ratio: float | None) -> float | None:
+        """The ratio a request of ``session_id`` is served at (None: the served one): the one it names
+        (``named``; remembered for the session), else the one its session's requests last named."""
+        if not self.enabled or session_id is None or session_id in self.closed:
+            return ratio
+        if named:
+            self.ratios[session_id] = ratio
+            return ratio
+        return self.ratios.get(session_id, ratio)
 
     def register(self, req, leaf, root) -> None:
         """A finished request's history ends at ``leaf``: it becomes a frontier of the request's session,

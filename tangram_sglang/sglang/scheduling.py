@@ -177,14 +177,17 @@ def bind_rows(result, batch, *args, **kwargs):
 def refuse_at_arrival(scheduler, req, *args, **kwargs):
     """BEFORE Scheduler._add_request_to_queue: a prompt the pool can never hold, one with token ids
     outside the model's vocabulary, or one asking for a ratio the profile lacks, fails now with a clear
-    error (HTTP 400) and the server keeps serving. A request of another ratio than the served one gets
-    its own branch of the tree (its extra_key): a segment is reused only at the ratio that wrote it."""
+    error (HTTP 400) and the server keeps serving. A request of another ratio than the served one (its
+    own, or its session's: radix_sessions.py) gets its own branch of the tree (its extra_key): a segment
+    is reused only at the ratio that wrote it."""
     serving = serving_of(scheduler.tree_cache)
     if serving is None or req.finished():
         return
     why = outside_vocabulary(req.origin_input_ids, scheduler.model_config.vocab_size)
     if why is None:
         why, ratio = ratio_of_request(serving, req)
+    if why is None and (sessions := getattr(scheduler.tree_cache, "sessions", None)) is not None:
+        ratio = sessions.ratio(getattr(req, "session_id", None), names_ratio(req), ratio)
     if why is None:
         beta = None if ratio is None else serving.context.budgets_for(ratio)
         why = serving.admission.never_fits(np.asarray(req.origin_input_ids, np.int64), beta)
@@ -219,8 +222,17 @@ def ratio_of_request(serving, req) -> tuple[str | None, float | None]:
     return None, (None if math.isclose(ratio, serving.context.entry.ratio, abs_tol=1e-9) else ratio)
 
 
+def names_ratio(req) -> bool:
+    """Whether the request's custom_params name a ratio (its session's is used when it names none)."""
+    params = getattr(req.sampling_params, "custom_params", None)
+    return isinstance(params, dict) and params.get(RATIO_PARAM) is not None
+
+
 def own_ratio(serving, req) -> float | None:
-    """The ratio an admitted request is compressed at (None: the served one; checked at arrival)."""
+    """The ratio an admitted request is compressed at (None: the served one), as set at arrival
+    (refuse_at_arrival: its own or its session's)."""
+    if hasattr(req, "tangram_ratio"):
+        return req.tangram_ratio
     return ratio_of_request(serving, req)[1]
 
 

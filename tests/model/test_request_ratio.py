@@ -110,3 +110,34 @@ def test_ratio_budgets_follow_the_served_groups(tiny_llama, tmp_path):
     assert prof.select(LOW).groups != served.groups   # the regrouping is exercised
     with pytest.raises(ProfileError, match=r"holds \[0\.3, 0\.6\]"):
         prof.select(0.5)
+
+
+def test_a_session_keeps_the_ratio_its_request_named(tiny_llama, tmp_path):
+    """With the session radix cache, SGLang's session calls: a turn naming a ratio sets it for its session, so
+    the next turn, naming none, is served at it and reads its history from that ratio's branch of the tree;
+    the same prompt without the session is served at the profile's ratio (its branch, where turn 2 already
+    is); integrity (session references included) holds."""
+    path, _, _ = tiny_llama
+    profile = _two_ratio_profile(tmp_path, path)
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(2, 500, (130,), generator=g).tolist()
+    engine = sglang.Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", max_total_tokens=2048,
+                           log_level="error", tangram_profile=profile, enable_session_radix_cache=True,
+                           **IDLE_KWARGS)
+    try:
+        sid = engine.open_session(capacity_of_str_len=4096, session_id="s")
+        first = engine.generate(input_ids=prompt, sampling_params=_at(LOW), session_id=sid)
+        turn2 = prompt + first["output_ids"] + [5, 6, 7]
+        served = engine.generate(input_ids=turn2, sampling_params=SAMPLING)   # no session: 0.6's branch
+        second = engine.generate(input_ids=turn2, sampling_params=SAMPLING, session_id=sid)
+        info = engine.get_server_info()["internal_states"][0]["tangram"]
+    finally:
+        engine.shutdown()
+        atexit.unregister(engine.shutdown)
+    assert first["output_ids"] == _oracle(path, profile, [prompt], LOW)[0]
+    assert served["meta_info"]["cached_tokens"] == 0
+    # at 0.3 turn 2 finds turn 1's complete chunks (the open chunk it completes is recomputed); at the served
+    # 0.6 it would have found all of itself but its last token, which the request without a session left there
+    want = reusable_prefix(cut_tokens(prompt, 48, Protection()), cut_tokens(turn2, 48, Protection()), len(prompt))
+    assert second["meta_info"]["cached_tokens"] == want == 96
+    assert info["pool_info"]["integrity"] == "ok"
