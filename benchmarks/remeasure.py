@@ -128,9 +128,9 @@ FIGURES: tuple[Figure, ...] = (
             "512", "--decoding", "0", "1", "--new-tokens", "256", "--repeats", "1",
             "--out", f"{QUICK_DIR}/timing/prefill_history_smollm2")),
     Figure("prefill_history_qwen25-05b", "timing", "benchmarks.timing.prefill_history",
-           ("--model", "qwen2.5-0.5b", "--profile", "configs/qwen2.5-0.5b-fastkvzip.yaml", "--ratio", "0.25",
+           ("--model", "qwen2.5-0.5b", "--profile", "configs/qwen2.5-0.5b-fastkvzip.yaml", "--ratio", "0.5",
             "--histories", "0", "2048", "8192", "--decoding", "0", "4", "--new-tokens", "1024", "--repeats", "3"),
-           ("--model", "qwen2.5-0.5b", "--profile", "configs/qwen2.5-0.5b-fastkvzip.yaml", "--ratio", "0.25",
+           ("--model", "qwen2.5-0.5b", "--profile", "configs/qwen2.5-0.5b-fastkvzip.yaml", "--ratio", "0.5",
             "--histories", "512", "--decoding", "0", "--new-tokens", "256", "--repeats", "1",
             "--out", f"{QUICK_DIR}/timing/prefill_history_qwen25-05b")),
     # serving: tens of minutes each

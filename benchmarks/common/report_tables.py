@@ -690,6 +690,7 @@ THINK_TIME = "serving/think_time.json"  # benchmarks.serving.think_time
 THINK_TIME_PARETO = "serving/think_time_pareto.json"  # the same with heavy-tailed (Lomax) pauses
 THINK_TIME_HOST = "serving/think_time_host.json"  # the profile with its compressed host tier, stock given its bytes
 THINK_TIME_HOST_SESSIONS = "serving/think_time_host_sessions.json"  # the same with session ids, session radix cache
+MULTITURN_ROUNDS = "serving/multiturn_rounds.json"  # SGLang's bench_multiturn shape (benchmarks.serving.multiturn_rounds)
 THINK_TIME_TLRU = "serving/think_time_tlru.json"  # stock lpm with SGLang's T-LRU eviction against plain lpm
 THINK_TIME_QWEN = "serving/think_time_qwen.json"  # the think-time workload on Qwen2.5-0.5B, scaled to this CPU
 THINK_TIME_QWEN_R025 = "serving/think_time_qwen_r025.json"  # the same at 0.25
@@ -870,6 +871,26 @@ def think_time_row(res: dict, link_to: str, server: str = "tangram") -> list[str
                f"{100 * ctl['reuse']:.0f}%" if ctl else ""), link_to]
 
 
+def rounds_row(res: dict, link_to: str) -> list[str]:
+    """The README's row for SGLang's bench_multiturn shape: the profile against the fastest stock server
+    (paired per repeat), the ratio-1.0 control beside."""
+    a, meds = res["args"], _think_medians(res)
+    stock, ctl = _best_stock(meds), meds.get("tangram-1.0")
+    runs = len(think_by_server(res)["tangram"])
+    cell = lambda m: (f"later rounds reused {100 * m['reuse']:.0f}%, TTFT p50 / p99 {m['ttft_p50']:.1f} / "  # noqa: E731
+                      f"{m['ttft_p99']:.1f} s")
+    profile = a["profile"].rsplit("/", 1)[-1].split(".yaml")[0]
+    return [f"SGLang's bench_multiturn shape (raw text to `/generate`, no chat template), "
+            f"{res['model_path'].rstrip('/').split('/')[-1]}, {profile} {a['ratio']:g}, {a['num_clients']} clients x "
+            f"{a['num_rounds']} rounds of {a['request_length']} new + {a['output_length']} generated tokens, "
+            f"{a['request_rate']:g} requests/s, {a['max_parallel']} in flight, {a['max_total_tokens']:,} full-KV "
+            f"tokens' bytes ({runs} alternating runs)",
+            f"**{_ratio_cell(res, 'tangram', stock)}** the best stock's requests/s; {cell(meds['tangram'])}",
+            f"best stock ({stock.removeprefix('stock-')}): {cell(meds[stock])}"
+            + (f"; ratio-1.0 control {_ratio_cell(res, 'tangram-1.0', stock)}, reused {100 * ctl['reuse']:.0f}%"
+               if ctl else ""), link_to]
+
+
 def key_results() -> list[str]:
     rows = []
     for key in SHIPPED:
@@ -904,6 +925,8 @@ def key_results() -> list[str]:
         rows.append(think_time_row(load(qwen), link(qwen)))
     if (RESULTS / THINK_TIME_HOST).exists():
         rows.append(think_time_row(load(THINK_TIME_HOST), link(THINK_TIME_HOST), "tangram-host"))
+    if (RESULTS / MULTITURN_ROUNDS).exists():
+        rows.append(rounds_row(load(MULTITURN_ROUNDS), link(MULTITURN_ROUNDS)))
     rows.append(long_row())
     p = {r["setting"]: r for r in load("serving/pressure.json")["rows"]}
     st = p.pop("stock SGLang")
@@ -1018,6 +1041,7 @@ DOC_BLOCKS = {
     "think-time-qwen-r025": lambda: think_time_table(load(THINK_TIME_QWEN_R025)),
     "think-time-host": lambda: think_time_table(load(THINK_TIME_HOST)),
     "think-time-host-sessions": lambda: think_time_table(load(THINK_TIME_HOST_SESSIONS)),
+    "multiturn-rounds": lambda: rounds_table(load(MULTITURN_ROUNDS)),
     "hit-recompute": hit_recompute_table,
 }
 
@@ -1314,6 +1338,10 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                              "chunk rule, 5 answers in 32 under full KV's since)",
                              lambda: " ".join(think_time_row(load(THINK_TIME_QWEN_R025), "")[1:3]).replace("**", ""),
                              None),
+    "multiturn_rounds": ("SGLang's bench_multiturn shape (clients x rounds of raw text to `/generate`, one ready "
+                         "queue at a Poisson rate, a bound in flight) at the same KV bytes: the profile, stock lpm, "
+                         "the 1.0 control, 3 alternating runs",
+                         lambda: " ".join(rounds_row(load(MULTITURN_ROUNDS), "")[1:3]).replace("**", ""), None),
     "think_time_tlru": ("The think-time workload on stock lpm with SGLang's Tail-Optimized LRU eviction "
                         "(`--radix-eviction-policy tlru`) against plain lpm, a trial",
                         lambda: tlru_headline(load(THINK_TIME_TLRU)), None),
