@@ -83,6 +83,8 @@ def test_the_replay_sends_every_answered_session_alone_on_the_serving_replicas(m
         sessions = [e[2] for e in mine if e[1] == "chat"][::2]
         assert sessions == [i for i in range(9) if i % 2 == (url == "u1")]
         assert [e[1] for e in mine] == ["flush", "chat", "chat"] * len(sessions)
+    none = after_load.replay([], "m", histories, 0, seed=0)   # no replica serving: nothing replayed
+    assert none["turns"] == 0 and none["sessions"] == 0 and none["mismatches"] == []
     some = after_load.replay(["u0"], "m", histories, 3, seed=1)
     assert some["sessions"] == 3 and set(some["session_indices"]) <= set(histories)
 
