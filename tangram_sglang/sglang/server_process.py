@@ -114,6 +114,13 @@ def start_all(servers: list[ServerProcess]) -> list[ServerProcess]:
         raise
 
 
+def router_metrics_port(port: int) -> int:
+    """The router's Prometheus port for a router on port: not its shared default 29000, and under Linux's
+    ephemeral range (32768-60999), where a connection's own local port can already hold it (port + 1000 = 32881
+    once stopped the soak's router from starting)."""
+    return port - 10000 if port - 10000 >= 1024 else port + 1000
+
+
 class RouterProcess:
     """sglang-router (``python -m sglang_router.launch_router``) in front of running servers.
 
@@ -127,7 +134,7 @@ class RouterProcess:
         self.log_path = log_path or os.path.join("/tmp", f"tangram-router-{port}.log")
         self.args = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
                      str(port), "--policy", policy, "--worker-urls", *worker_urls, "--log-level", "warn",
-                     "--prometheus-host", "127.0.0.1", "--prometheus-port", str(port + 1000),  # not its shared 29000
+                     "--prometheus-host", "127.0.0.1", "--prometheus-port", str(router_metrics_port(port)),
                      *(extra_args or [])]
         self.num_workers = len(worker_urls)
         self.proc: subprocess.Popen | None = None

@@ -96,3 +96,15 @@ def test_the_soak_serves_each_shipped_profile_at_its_recommended_ratio():
     for key, profile, ratio, _ in MODELS.values():
         rec = recommended(key)
         assert (profile, ratio) == (rec["profile"], rec["ratio"]), key
+
+
+def test_the_routers_metrics_port_is_outside_the_ephemeral_range_and_its_default():
+    """sglang-router's Prometheus listener: a port a connection's own local port cannot hold (Linux hands those
+    out from 32768-60999), unique per router port, never its shared default 29000."""
+    from tangram_sglang.sglang.server_process import RouterProcess, router_metrics_port
+
+    ports = [30000, 31060, 31881, 32100, 1500]
+    metrics = [router_metrics_port(p) for p in ports]
+    assert all(1024 <= m < 32768 and m != 29000 for m in metrics) and len(set(metrics + ports)) == 2 * len(ports)
+    args = RouterProcess(["http://127.0.0.1:1"], port=31881).args
+    assert args[args.index("--prometheus-port") + 1] == "21881"

@@ -25,7 +25,7 @@ ROUTER_ARGS = ["--health-check-interval-secs", "5", "--health-failure-threshold"
 MODELS = {"smollm2": ("smollm2", "configs/smollm2-fastkvzip.yaml", 0.4, 3072),
           "qwen": ("qwen2.5-0.5b", "configs/qwen2.5-0.5b-fastkvzip.yaml", 0.5, 3072)}
 
-ROUTER_PORT, REPLICA_PORTS = 31881, (31882, 31883)  # the router's prometheus port is 32881
+ROUTER_PORT, REPLICA_PORTS = 31881, (31882, 31883)  # the router's prometheus port is 21881
 
 
 def tree_rss_mb(pid: int | None) -> float | None:
