@@ -783,7 +783,23 @@ def rounds_table(res: dict) -> list[str]:
             f"{res['model_path'].rstrip('/').split('/')[-1]}, profile `{a['profile']}` at {a['ratio']:g}. Median "
             f"[min, max] over {a['repeats']} alternating run(s); 'turns/s' is bench_multiturn's throughput (requests "
             f"per second); 'vs best stock' divides by the stock server with the highest median ({best}), per repeat.",
-            "", *_server_rows(res, right=False)]
+            "", *_server_rows(res, right=False), *_stall_lines(res)]
+
+
+def _stall_lines(res: dict) -> list[str]:
+    """Where a run stalled (a round without data for --request-timeout s; its client gave up the rest): the
+    requests each server answered of those planned, and its stalls, per run."""
+    runs = think_by_server(res)
+    if not any(r.get("stalled") for rs in runs.values() for r in rs):
+        return []
+    a = res["args"]
+    planned = a["num_clients"] * a["num_rounds"]
+    cells = [f"{name}: answered {', '.join(str(think_figures(r)['turns']) for r in rs)} of {planned}, stalled "
+             f"{', '.join(str(len(r.get('stalled', []))) for r in rs)} (rounds " + ", ".join(
+                 "/".join(str(s["round"]) for s in r.get("stalled", [])) or "-" for r in rs) + ")"
+             for name, rs in runs.items()]
+    return ["", f"Stalls (no data for {a.get('request_timeout', 0):g} s; the client then closes its session and "
+            "sends no more rounds), per run: " + "; ".join(cells) + "."]
 
 
 def _server_rows(res: dict, right: bool) -> list[str]:

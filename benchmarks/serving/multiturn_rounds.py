@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-from benchmarks.common.client import stream_events
+from benchmarks.common.client import post_json, stream_events
 from benchmarks.common.corpus import repo_texts
 from benchmarks.common.log import logger
 from benchmarks.common.models import ensure_model
@@ -40,7 +40,7 @@ from benchmarks.common.paths import ROOT, result_path
 from benchmarks.common.report_tables import rounds_table, think_figures
 from benchmarks.common.results import write_json, write_markdown
 from benchmarks.common.stamp import stamp
-from benchmarks.serving.think_time import CORPUS, PROFILES, SERVERS, plot, report_problems, run_server
+from benchmarks.serving.think_time import CORPUS, PROFILES, SERVERS, close_session, plot, report_problems, run_server
 
 os.environ.setdefault("TANGRAM_INTEGRITY_CHECK", "1")
 log = logger("multiturn_rounds")
@@ -67,9 +67,12 @@ class Inputs:
         return self.slices[round_ * self.num_clients + client]
 
 
-def generate_stream(url: str, ids: list[int], output_length: int, timeout: float = 3600) -> dict:
-    """One streamed /generate of token ids (greedy, ignore_eos): output_ids, ttft_s, seconds, meta_info."""
-    body = {"input_ids": ids, "stream": True,
+def generate_stream(url: str, ids: list[int], output_length: int, timeout: float = 3600,
+                    session: dict | None = None) -> dict:
+    """One streamed /generate of token ids (greedy, ignore_eos): output_ids, ttft_s, seconds, meta_info.
+    session: extra top-level fields ({"session_id": ...} or {"session_params": {"id": ...}}). A server silent
+    for timeout seconds raises TimeoutError (the connection closes: the server aborts the request)."""
+    body = {"input_ids": ids, "stream": True, **(session or {}),
             "sampling_params": {"temperature": 0, "max_new_tokens": output_length, "ignore_eos": True}}
     t0, ttft, last = time.perf_counter(), None, None
     for last in stream_events(url, "/generate", body, timeout):
@@ -81,28 +84,64 @@ def generate_stream(url: str, ids: list[int], output_length: int, timeout: float
                 ttft_s=ttft if ttft is not None else time.perf_counter() - t0, seconds=time.perf_counter() - t0)
 
 
-def run_clients(url: str, inputs: Inputs, args) -> dict:
-    """bench_multiturn's loop (see the module docstring); returns per-round records per client."""
+class Sessions:
+    """How a client names its session (think_time.SERVERS' third field): False, none (the whole history every
+    round); True, a session_id per client for SGLang's session radix cache (the whole history every round,
+    /close_session after the last); "streaming", a streaming session (/open_session with streaming: each round
+    sends only its new input, the session holds the history's KV; closed after the last round or a stall)."""
+
+    def __init__(self, url: str, mode, tag: str):
+        self.url, self.mode, self.tag, self.ids = url, mode, tag, {}
+
+    def fields(self, client: int) -> dict:
+        if not self.mode:
+            return {}
+        if client not in self.ids:
+            self.ids[client] = (post_json(self.url + "/open_session", {"capacity_of_str_len": 1 << 24,
+                                                                       "streaming": True})
+                                if self.mode == "streaming" else f"rounds-{client}-{self.tag}")
+        sid = self.ids[client]
+        return {"session_params": {"id": sid}} if self.mode == "streaming" else {"session_id": sid}
+
+    def sent(self, history: list[int], new: list[int]) -> list[int]:
+        """The ids a round sends: a streaming session's history is the server's."""
+        return new if self.mode == "streaming" else history + new
+
+    def close(self, client: int) -> None:
+        if client in self.ids:
+            close_session(self.url, self.ids.pop(client))
+
+
+def run_clients(url: str, inputs: Inputs, args, mode=False) -> dict:
+    """bench_multiturn's loop (see the module docstring); returns per-round records per client. mode: how
+    clients name their sessions (Sessions). A round the server leaves silent for --request-timeout seconds is
+    a stall: recorded, the client gives up (its later rounds are not sent) and its session is closed."""
     rng = random.Random(args.seed)
+    sessions = Sessions(url, mode, f"{time.time():.0f}")
     results = [dict(session=c, turns=[]) for c in range(args.num_clients)]
-    ready = [(c, list(inputs.piece(c, 0))) for c in range(args.num_clients)]
-    lock, errors = threading.Lock(), []
+    ready = [(c, [], list(inputs.piece(c, 0))) for c in range(args.num_clients)]
+    lock, errors, stalled = threading.Lock(), [], []
     state = dict(in_flight=0, pending=args.num_clients * args.num_rounds)
     t_start = time.perf_counter()
 
-    def request(client: int, ids: list[int]) -> None:
+    def request(client: int, history: list[int], new: list[int]) -> None:
         round_ = len(results[client]["turns"])
-        nxt = None
+        nxt, ids = None, history + new
         try:
-            out = generate_stream(url, ids, args.output_length)
+            out = generate_stream(url, sessions.sent(history, new), args.output_length, args.request_timeout,
+                                  sessions.fields(client))
             results[client]["turns"].append(dict(
                 turn=round_ + 1, prompt_tokens=out["meta"].get("prompt_tokens", len(ids)),
                 cached_tokens=out["meta"].get("cached_tokens", 0), ttft_s=round(out["ttft_s"], 3),
                 seconds=round(out["seconds"], 3)))
             if round_ + 1 < args.num_rounds:
-                nxt = (client, ids + out["output_ids"] + inputs.piece(client, round_ + 1))
+                nxt = (client, ids + out["output_ids"], inputs.piece(client, round_ + 1))
             else:
                 results[client]["done_at"] = round(time.perf_counter() - t_start, 2)
+                sessions.close(client)
+        except TimeoutError:
+            stalled.append(dict(client=client, round=round_ + 1, at_s=round(time.perf_counter() - t_start, 2)))
+            _close_quietly(sessions, client, errors)
         except Exception as exc:  # noqa: BLE001 - every failure is reported and fails the run
             errors.append(f"client {client} round {round_ + 1}: {type(exc).__name__}: {str(exc)[:300]}")
         with lock:
@@ -134,16 +173,25 @@ def run_clients(url: str, inputs: Inputs, args) -> dict:
                    else rng.uniform(0, 2 / args.request_rate))
         if time.perf_counter() - last_log >= 30:
             done = sum(len(r["turns"]) for r in results)
-            log(f"  {time.perf_counter() - t_start:.0f} s: {done} requests done, {len(errors)} errors")
+            log(f"  {time.perf_counter() - t_start:.0f} s: {done} requests done, {len(stalled)} stalled, "
+                f"{len(errors)} errors")
             last_log = time.perf_counter()
-    return dict(wall_s=round(time.perf_counter() - t_start, 2), sessions=results, errors=errors)
+    return dict(wall_s=round(time.perf_counter() - t_start, 2), sessions=results, errors=errors, stalled=stalled)
+
+
+def _close_quietly(sessions: Sessions, client: int, errors: list) -> None:
+    """Close a stalled client's session; a server that cannot is an error of the run, not of the stall."""
+    try:
+        sessions.close(client)
+    except Exception as exc:  # noqa: BLE001 - reported with the run's errors
+        errors.append(f"client {client}: closing its session after a stall: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 def summarize(run: dict) -> str:
     f = think_figures(run)
     return (f"{f['turns']} requests, {f['turns_per_s']:.3f} requests/s, later rounds reused {100 * f['reuse']:.1f}%, "
             f"TTFT p50 {f['ttft_p50']:.1f} s p99 {f['ttft_p99']:.1f} s, prefilled {f['prefilled']}, "
-            f"{len(run['errors'])} errors")
+            f"{len(run.get('stalled', []))} stalled, {len(run['errors'])} errors")
 
 
 def parse(argv=None):
@@ -162,10 +210,11 @@ def parse(argv=None):
     ap.add_argument("--model", default="smollm2", choices=sorted(PROFILES))
     ap.add_argument("--profile", default=None, help="default: the model's shipped FastKVzip profile")
     ap.add_argument("--ratio", type=float, default=None, help="default: the profile's default ratio")
-    ap.add_argument("--servers", nargs="+", default=["tangram", "stock-lpm", "tangram-1.0"],
-                    choices=[n for n, (_, _, ids) in SERVERS.items() if not ids])
+    ap.add_argument("--servers", nargs="+", default=["tangram", "stock-lpm", "tangram-1.0"], choices=list(SERVERS))
     ap.add_argument("--max-total-tokens", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--request-timeout", type=float, default=3600,
+                    help="seconds a round may wait for the server's first data before it counts as stalled")
     ap.add_argument("--port", type=int, default=31881)   # fuzz serves on 31871-31872
     ap.add_argument("--out", default=result_path("serving", "multiturn_rounds.json"))
     args = ap.parse_args(argv)
@@ -186,8 +235,9 @@ def main(argv=None) -> int:
     runs = []
     for repeat in range(args.repeats):
         for name in args.servers:
-            run = run_server(name, model_path, args, None, client=lambda url: run_clients(url, inputs, args),
-                             summary=summarize)
+            mode = SERVERS[name][2]
+            run = run_server(name, model_path, args, None, summary=summarize,
+                             client=lambda url, mode=mode: run_clients(url, inputs, args, mode))
             runs.append({**run, "repeat": repeat})
     res = dict(args=vars(args), model_path=model_path, runs=runs)
     write_json(args.out, res, run_stamp)

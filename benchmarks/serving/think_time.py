@@ -60,7 +60,8 @@ log = logger("think_time")
 CORPUS = ["README.md", "configs/CALIBRATION.md", "configs/reference-regularity.md", "docs/architecture.md",
           "docs/results.md", "docs/calibration.md", "docs/cpu.md", "docs/gpu.md"]
 PROFILES = {"smollm2": "configs/smollm2-fastkvzip.yaml", "qwen2.5-0.5b": "configs/qwen2.5-0.5b-fastkvzip.yaml"}
-SERVERS = {  # name -> (profile kind: None / "shipped" / "uniform", extra args, session ids)
+# name -> (profile kind: None / "shipped" / "uniform", extra args, session ids: False, True or "streaming")
+SERVERS = {
     "stock-fcfs": (None, [], False),
     "stock-lpm": (None, ["--schedule-policy", "lpm"], False),
     "stock-lpm-sessions": (None, ["--schedule-policy", "lpm", "--enable-session-radix-cache"], True),
@@ -88,6 +89,9 @@ SERVERS = {  # name -> (profile kind: None / "shipped" / "uniform", extra args, 
     # the same with session ids and SGLang's session radix cache on both sides
     "tangram-host-sessions": ("shipped", ["--tangram-host-ratio", "2", "--enable-session-radix-cache"], True),
     "stock-lpm-sessions-host-bytes": (None, ["--schedule-policy", "lpm", "--enable-session-radix-cache"], True),
+    # SGLang's streaming sessions (/open_session with streaming, each request only the new tokens): the session
+    # keeps its KV row between turns, outside the tree's eviction; the profile refuses them (multiturn_rounds only)
+    "stock-lpm-streaming": (None, ["--schedule-policy", "lpm", "--enable-streaming-session"], "streaming"),
 }
 HOST_RATIO = 2
 BYTES_SCALE = {"stock-lpm-host-bytes": 1 + HOST_RATIO,   # servers given more device bytes than the others
@@ -271,8 +275,12 @@ def plot(res: dict, path: str, axis: str = "turn", title: str | None = None) -> 
 
 
 def report_problems(runs: list[dict], out: str) -> int:
-    """Log each request's error and each pool whose integrity check failed: 1 (the run fails) if any, else 0."""
+    """Log each request's error, each stall of a profile's server and each pool whose integrity check failed: 1
+    (the run fails) if any, else 0."""
     problems = [f"{r['server']}: {e}" for r in runs for e in r["errors"]]
+    # a stall of stock's (a streaming session's pinned KV) is what the run measures; one of the profile's fails it
+    problems += [f"{r['server']}: round {s['round']} of client {s['client']} stalled" for r in runs
+                 if not r["server"].startswith("stock") for s in r.get("stalled", [])]
     problems += [f"{r['server']}: pool integrity {r['pool_info'].get('integrity')}" for r in runs
                  if r.get("pool_info") and r["pool_info"].get("integrity") != "ok"]
     for p in problems:
@@ -287,7 +295,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, help="default: the model's shipped FastKVzip profile")
     ap.add_argument("--ratio", type=float, default=None, help="default: the profile's default ratio")
     ap.add_argument("--servers", nargs="+", default=["tangram", "tangram-fcfs", "stock-lpm", "tangram-1.0"],
-                    choices=list(SERVERS))
+                    choices=[n for n, (_, _, ids) in SERVERS.items() if ids != "streaming"])
     ap.add_argument("--sessions", type=int, default=16)
     ap.add_argument("--turns", type=int, default=4, help="documents + the final question")
     ap.add_argument("--doc-tokens", type=int, default=700)

@@ -1,6 +1,8 @@
 """benchmarks/serving/multiturn_rounds.py's client (SGLang's bench_multiturn loop) against a stand-in /generate:
 every client's rounds are sent in order, each the previous request plus its answer plus the next input, never
-more than --max-parallel at once, and a failed request ends its client's rounds without stalling the run."""
+more than --max-parallel at once, and a failed request ends its client's rounds without stalling the run; with
+session ids or streaming sessions, each client's requests name its session, a streaming session's rounds send
+only their new input, every session is closed, and a round the server leaves silent is a stall."""
 
 import json
 import threading
@@ -62,7 +64,7 @@ def server():
 
 def _args(**kw):
     base = dict(num_clients=3, num_rounds=3, max_parallel=2, output_length=2, request_rate=500.0,
-                distribution="poisson", ready_queue_policy="random", seed=1)
+                distribution="poisson", ready_queue_policy="random", seed=1, request_timeout=30.0)
     return types.SimpleNamespace(**{**base, **kw})
 
 
@@ -179,3 +181,108 @@ def test_a_streamed_chat_turn_reads_text_usage_and_first_token():
             chat_turn(url, [{"role": "user", "content": "?"}], 8, "s1")
     finally:
         httpd.shutdown()
+
+
+class SessionServer:
+    """A stand-in for SGLang's session endpoints and /generate: a streaming session (/open_session with
+    streaming) holds its history, so a round's prompt is the history plus the ids sent; a session_id request
+    sends it whole. Requests whose ids start with a piece in ``hang`` get no data for ``hang_s`` seconds."""
+
+    def __init__(self):
+        self.lock, self.opened, self.closed, self.requests = threading.Lock(), [], [], []
+        self.history, self.hang, self.hang_s = {}, set(), 0.0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                reply = outer.handle(self.path, body)
+                if self.path == "/generate":
+                    if tuple(body["input_ids"][:3]) in outer.hang:
+                        threading.Event().wait(outer.hang_s)
+                        return
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(f"data: {json.dumps(reply)}\n\ndata: [DONE]\n\n".encode())
+                    return
+                data = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def handle(self, path, body):
+        with self.lock:
+            if path == "/open_session":
+                assert body["streaming"] is True
+                self.opened.append(f"sid-{len(self.opened)}")
+                return self.opened[-1]
+            if path == "/close_session":
+                self.closed.append(body["session_id"])
+                return None
+            self.requests.append(body)
+            sid = (body.get("session_params") or {}).get("id")
+            prompt = self.history.get(sid, []) + body["input_ids"] if sid else body["input_ids"]
+            if sid:
+                self.history[sid] = prompt + ANSWER
+            return {"output_ids": ANSWER, "meta_info": {"prompt_tokens": len(prompt), "cached_tokens": 0}}
+
+
+@pytest.fixture
+def sessions_server():
+    srv = SessionServer()
+    yield srv
+    srv.httpd.shutdown()
+
+
+def test_streaming_session_rounds_send_only_their_new_input_and_every_session_is_closed(sessions_server):
+    srv = sessions_server
+    run = run_clients(srv.url, Inputs(), _args(), "streaming")
+    assert run["errors"] == [] and run["stalled"] == [] and len(srv.requests) == 9
+    assert sorted(srv.opened) == sorted(srv.closed) and len(srv.opened) == 3
+    for c, client in enumerate(run["sessions"]):
+        mine = [b for b in srv.requests if b["input_ids"] == Inputs().piece(c, 0)]
+        sid = mine[0]["session_params"]["id"]
+        sent = [b["input_ids"] for b in srv.requests if b["session_params"]["id"] == sid]
+        assert sent == [Inputs().piece(c, r) for r in range(3)] and "session_id" not in mine[0]
+        # the prompt the session restores: what the whole-history clients send
+        assert [t["prompt_tokens"] for t in client["turns"]] == [3, 8, 13]
+
+
+def test_session_id_rounds_send_the_whole_history_under_one_id_per_client(sessions_server):
+    srv = sessions_server
+    run = run_clients(srv.url, Inputs(), _args(), True)
+    assert run["errors"] == [] and srv.opened == [] and len(srv.requests) == 9
+    ids = {b["session_id"] for b in srv.requests}
+    assert len(ids) == 3 and sorted(srv.closed) == sorted(ids)
+    for sid in ids:
+        sent = [b["input_ids"] for b in srv.requests if b["session_id"] == sid]
+        assert [len(x) for x in sent] == [3, 8, 13] and sent[1][:3] == sent[0]
+    run = run_clients(srv.url, Inputs(), _args(), False)
+    assert all("session_id" not in b for b in srv.requests[9:]) and len(srv.closed) == 3
+
+
+def test_a_silent_round_is_a_stall_that_ends_its_client_and_fails_only_a_profiles_run(sessions_server):
+    from benchmarks.serving.think_time import report_problems
+
+    srv = sessions_server
+    srv.hang, srv.hang_s = {tuple(Inputs().piece(1, 1))}, 2.0
+    run = run_clients(srv.url, Inputs(), _args(request_timeout=0.5, ready_queue_policy="fifo"), "streaming")
+    assert run["errors"] == [] and [(s["client"], s["round"]) for s in run["stalled"]] == [(1, 2)]
+    assert [len(c["turns"]) for c in run["sessions"]] == [3, 1, 3] and len(srv.requests) == 8   # 7 answered
+    assert sorted(srv.closed) == sorted(srv.opened)   # the stalled client's session too
+    assert report_problems([{**run, "server": "stock-lpm-streaming"}], "out.json") == 0
+    assert report_problems([{**run, "server": "tangram-sessions"}], "out.json") == 1
+    args = _args(request_timeout=0.5)
+    res = dict(args={**vars(args), "request_length": 3, "max_total_tokens": 4096, "profile": "p.yaml",
+                     "ratio": 0.4, "repeats": 1}, model_path="/m/SmolLM2",
+               runs=[{**run, "server": "stock-lpm-streaming", "repeat": 0}])
+    stalls = [line for line in rounds_table(res) if line.startswith("Stalls")]
+    assert stalls and "stock-lpm-streaming: answered 7 of 9, stalled 1 (rounds 2)" in stalls[0]
