@@ -214,6 +214,18 @@ FIGURES: tuple[Figure, ...] = (
            ("--num-clients", "3", "--num-rounds", "2", "--request-length", "512", "--output-length", "16",
             "--request-rate", "4", "--max-parallel", "2", "--max-total-tokens", "4096", "--ratio", "0.4",
             "--servers", "tangram", "stock-lpm", "--out", f"{QUICK_DIR}/serving/multiturn_rounds.json")),
+    # SGLang's streaming sessions (issue 51 item 2: refused with a profile) against the session radix cache, stock's and
+    # the profile's, on the same rounds: a streaming session keeps its KV between rounds, so 12 clients' sessions
+    # outgrow the pool; a round left without data for 300 s is a stall (its client gives up)
+    Figure("multiturn_streaming", "serving", "benchmarks.serving.multiturn_rounds",
+           ("--num-clients", "12", "--num-rounds", "4", "--request-length", "512", "--output-length", "64",
+            "--request-rate", "1", "--max-parallel", "8", "--max-total-tokens", "8192", "--ratio", "0.4",
+            "--servers", "stock-lpm-streaming", "stock-lpm-sessions", "tangram-sessions", "--request-timeout", "300",
+            "--out", "benchmarks/results/serving/multiturn_streaming.json"),
+           ("--num-clients", "3", "--num-rounds", "2", "--request-length", "512", "--output-length", "16",
+            "--request-rate", "4", "--max-parallel", "2", "--max-total-tokens", "4096", "--ratio", "0.4",
+            "--servers", "stock-lpm-streaming", "tangram-sessions", "--request-timeout", "300",
+            "--out", f"{QUICK_DIR}/serving/multiturn_streaming.json")),
     # the compressed host tier (issue 51 item 3, issue 60's lever): the profile with 2 pools' bytes of host memory,
     # stock lpm given those bytes on the device (the bound on stock HiCache) and at the same device bytes, the 1.0
     # control with the same host tier

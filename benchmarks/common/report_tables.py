@@ -691,6 +691,7 @@ THINK_TIME_PARETO = "serving/think_time_pareto.json"  # the same with heavy-tail
 THINK_TIME_HOST = "serving/think_time_host.json"  # the profile with its compressed host tier, stock given its bytes
 THINK_TIME_HOST_SESSIONS = "serving/think_time_host_sessions.json"  # the same with session ids, session radix cache
 MULTITURN_ROUNDS = "serving/multiturn_rounds.json"  # SGLang's bench_multiturn shape (benchmarks.serving.multiturn_rounds)
+MULTITURN_STREAMING = "serving/multiturn_streaming.json"  # the same rounds: SGLang's streaming sessions, session ids
 THINK_TIME_TLRU = "serving/think_time_tlru.json"  # stock lpm with SGLang's T-LRU eviction against plain lpm
 THINK_TIME_QWEN = "serving/think_time_qwen.json"  # the think-time workload on Qwen2.5-0.5B, scaled to this CPU
 THINK_TIME_QWEN_R025 = "serving/think_time_qwen_r025.json"  # the same at 0.25
@@ -842,6 +843,19 @@ def full_kv_token_bytes(pool: dict) -> float:
 def host_bytes_per_token(pool: dict) -> float:
     """Bytes of host pages per token the host tier holds (page padding included)."""
     return pool["host_pages_used"] * pool["page_bytes"] / max(1, pool["host_tokens"])
+
+
+def streaming_headline(res: dict) -> str:
+    """SGLang's streaming sessions against the session radix cache on the same rounds: requests answered of those
+    planned and stalls per server (medians over the runs), requests/s of those that stalled in no run."""
+    a = res["args"]
+    planned, parts = a["num_clients"] * a["num_rounds"], []
+    for name, rs in think_by_server(res).items():
+        answered = median(think_figures(r)["turns"] for r in rs)
+        stalls = median(len(r.get("stalled", [])) for r in rs)
+        rate = "" if stalls else f", {median(think_figures(r)['turns_per_s'] for r in rs):.3f} requests/s"
+        parts.append(f"{name} answered {answered:g} of {planned} ({stalls:g} stalled{rate})")
+    return "; ".join(parts)
 
 
 def tlru_headline(res: dict) -> str:
@@ -1058,6 +1072,7 @@ DOC_BLOCKS = {
     "think-time-host": lambda: think_time_table(load(THINK_TIME_HOST)),
     "think-time-host-sessions": lambda: think_time_table(load(THINK_TIME_HOST_SESSIONS)),
     "multiturn-rounds": lambda: rounds_table(load(MULTITURN_ROUNDS)),
+    "multiturn-streaming": lambda: rounds_table(load(MULTITURN_STREAMING)),
     "hit-recompute": hit_recompute_table,
 }
 
@@ -1358,6 +1373,10 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                          "queue at a Poisson rate, a bound in flight) at the same KV bytes: the profile, stock lpm, "
                          "the 1.0 control, 3 alternating runs",
                          lambda: " ".join(rounds_row(load(MULTITURN_ROUNDS), "")[1:3]).replace("**", ""), None),
+    "multiturn_streaming": ("The same rounds with sessions: SGLang's streaming sessions (refused with a profile) "
+                            "against SGLang's session radix cache on stock and with the profile, a round left without "
+                            "data for 300 s counted a stall, one run each",
+                            lambda: streaming_headline(load(MULTITURN_STREAMING)), None),
     "think_time_tlru": ("The think-time workload on stock lpm with SGLang's Tail-Optimized LRU eviction "
                         "(`--radix-eviction-policy tlru`) against plain lpm, a trial",
                         lambda: tlru_headline(load(THINK_TIME_TLRU)), None),
