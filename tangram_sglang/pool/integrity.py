@@ -11,7 +11,8 @@
    sum of reserved_left == pool.reserved; npages == ceil(lens / P).
 5. Windows: a request's columns [0, dead[v]) are -1 and [dead[v], npages[v]) live, dead[v] == 0
    outside sliding-window layers; a segment's dead columns (-1) lie in window layers only.
-6. Arena: every live request has its own slot of the cache's PageArena, none of them free.
+6. Arena: every live request has its own slot of the cache's PageArena, none of them free; its
+   columns past npages and every column of a free slot are -1 (new_slot does not clear them).
 7. Counters: the segment store's per-page references and pages held match its segments.
 """
 
@@ -48,6 +49,18 @@ def _check_request(rid, req, P: int, window: np.ndarray) -> np.ndarray:
     return ids[ids >= 0]
 
 
+def _check_arena_padding(arena, live_slots: list[int]) -> None:
+    """Columns a slot does not hold are -1: past npages in the live slots, all of a free slot's."""
+    cols = np.arange(arena.pages.shape[2])
+    if live_slots:
+        live = np.asarray(live_slots, np.int64)
+        past = cols[None, None, :] >= arena.npages[live][:, :, None]
+        if np.any(arena.pages[live][past] != -1):
+            raise PoolError("a live request's page row holds a page id past its npages")
+    if arena.free_slots and np.any(arena.pages[np.asarray(arena.free_slots, np.int64)] != -1):
+        raise PoolError("a free arena slot still holds page ids (a new request would inherit them)")
+
+
 def check_cache_integrity(cache) -> None:
     pool, P = cache.pool, cache.spec.page_size
     pool.check_integrity()
@@ -65,6 +78,7 @@ def check_cache_integrity(cache) -> None:
         raise PoolError("two live requests share an arena slot, or a live request's slot is free")
     if any(req.pages.arena is not cache.arena for req in cache.requests.values()):
         raise PoolError("a request's pages live outside the cache's arena")
+    _check_arena_padding(cache.arena, slots)
     reserved = 0
     for rid, req in cache.requests.items():
         writable.append(_check_request(rid, req, P, window))

@@ -196,7 +196,7 @@ def _scratch(name: str, size: int) -> np.ndarray:
 
 def release(pool, arena, slot: int) -> None:
     """pool.decref(held) of the request at arena slot: its live pages lose a reference, those at 0
-    go back on the free list in the same order."""
+    go back on the free list in the same order; the slot's columns become -1 (free_slot's clearing)."""
     top = _LIB.tg_release(_ptr(pool._free, np.int32), pool._num_free, _ptr(pool.refcount, np.int32),
                           _ptr(pool.fill, np.int32), _ptr(arena.pages, np.int32), _ptr(arena.npages, np.int32),
                           arena.num_virtual, arena.pages.shape[2], int(slot))

@@ -376,10 +376,10 @@ class RaggedKVCache:
         self.pool.fill[req.pages.pages[rows, col[rows]]] = (data_end % P)[rows]
         self.pool.unreserve(int(req.reserved_left.sum()))
         if native.enabled():
-            native.release(self.pool, self.arena, req.pages.slot)
+            native.release(self.pool, self.arena, req.pages.slot)   # clears the slot's columns too
         else:
             self.pool.decref(req.pages.held())
-        self.arena.free_slot(req.pages.slot)
+        self.arena.free_slot(req.pages.slot, cleared=native.enabled())
 
     def evict(self, seg_id: int) -> int:
         """Drop a tree segment; returns how many pages this freed (pages others hold stay)."""

@@ -78,7 +78,7 @@ def test_runs_wider_than_their_output_and_rows_out_of_range_are_refused(lib):
     assert np.count_nonzero(table) == 1
 
 
-def test_a_release_frees_in_list_order_and_refuses_a_double_free(lib):
+def test_a_release_frees_in_list_order_clears_the_slot_and_refuses_a_double_free(lib):
     pool, arena = _state()
     pool.reserved = 3
     native.draw(pool, arena, np.array([0], np.int64), np.array([[2, 1, 0]], np.int64))
@@ -86,8 +86,11 @@ def test_a_release_frees_in_list_order_and_refuses_a_double_free(lib):
     pool.incref(np.array([1]))                       # a page the tree holds too
     native.release(pool, arena, 0)
     assert pool.free_ids()[-2:].tolist() == [0, 2] and pool.refcount[1] == 1 and pool.fill[[0, 2]].tolist() == [0, 0]
+    assert np.all(arena.pages[0] == -1)              # free_slot(cleared=True) may take it as it is
     pool.decref(np.array([1]))
+    native.draw(pool, arena, np.array([1], np.int64), np.array([[1, 2, 0]], np.int64))
+    pool.decref(arena.pages[1, 1, :1])               # one of its pages dropped behind its back
     before = _snapshot(pool, arena)
     with pytest.raises(PoolError, match="double free"):
-        native.release(pool, arena, 0)               # its pages are all free now
+        native.release(pool, arena, 1)
     assert _same(before, _snapshot(pool, arena))

@@ -85,6 +85,10 @@ CORRUPTIONS = {
     "two requests on one arena slot": lambda c: setattr(c.requests["filling"].pages, "slot",
                                                         c.requests["reader"].pages.slot),
     "a live request's arena slot marked free": lambda c: c.arena.free_slots.append(c.requests["reader"].pages.slot),
+    "a page id past a live request's pages": lambda c: c.arena.pages.__setitem__(
+        (c.requests["filling"].pages.slot, 0, int(c.requests["filling"].pages.npages[0])), _other_free_page(c)),
+    "a page id left in a free arena slot": lambda c: c.arena.pages.__setitem__(
+        (c.arena.free_slots[0], 1, 0), _other_free_page(c)),
 }
 
 

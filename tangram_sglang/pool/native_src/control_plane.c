@@ -8,6 +8,12 @@
  */
 #include <stdint.h>
 
+/* Pages a draw prefetches ahead. The free stack's order is the order pages were last released in, so a
+ * draw's page ids land at scattered places of the refcount and fill arrays (megabytes at 80 layers x 8
+ * groups): each write would wait on a cache miss. 32 ahead cut a cold draw's time by about a quarter
+ * on the development host (16: an eighth; 64: no better). */
+#define DRAW_AHEAD 32
+
 /* x % page_size == 0, with a mask when the page size is a power of two (a division costs ~30 cycles) */
 static inline int at_boundary(int32_t x, int32_t page_size)
 {
@@ -37,6 +43,11 @@ int64_t tg_draw(int32_t *free_stack, int64_t num_free, int32_t *refcount, int32_
             int64_t n = need[b * V + v];
             int32_t *row = arena_pages + (s * V + v) * cap + arena_npages[s * V + v];
             for (int64_t k = 0; k < n; k++) {
+                if (top > DRAW_AHEAD) {
+                    int32_t ahead = free_stack[top - 1 - DRAW_AHEAD];
+                    __builtin_prefetch(&refcount[ahead], 1);
+                    __builtin_prefetch(&fill[ahead], 1);
+                }
                 int32_t id = free_stack[--top];
                 refcount[id] = 1;
                 fill[id] = page_size;
@@ -118,6 +129,14 @@ int64_t tg_new_columns(const int32_t *arena_pages, int64_t V, int64_t cap, const
             int64_t l = v / G, g = v % G, i = k * V + v;
             const int32_t *row = arena_pages + (slots[k] * V + v) * cap;
             int64_t base = ((l * R + rows[k]) * G + g) * W;
+            if (v + 1 < V) {   /* the next row's first columns: rows lie kilobytes apart, so each is a miss */
+                int64_t l2 = (v + 1) / G, g2 = (v + 1) % G, at2 = ((l2 * R + rows[k]) * G + g2) * W + first[i + 1];
+                __builtin_prefetch(&row[cap + first[i + 1]], 0);
+                if (table != 0) {
+                    __builtin_prefetch(&table[at2], 1);
+                    __builtin_prefetch(&table[at2 + 16], 1);
+                }
+            }
             if (table != 0) {
                 for (int64_t col = first[i]; col < npages[i]; col++) table[base + col] = row[col] > 0 ? row[col] : 0;
                 for (int64_t col = npages[i]; col < zero_to; col++) table[base + col] = 0;
@@ -197,10 +216,11 @@ int64_t tg_decode(int32_t *free_stack, int64_t num_free, int64_t available, int3
 
 /* PagePool.decref(RequestPages.held()) for one request's arena row slot: drop one reference on each live
  * page of its lists (columns [0, npages) of every v, -1 skipped), in (v, column) order; a page reaching 0
- * goes back on the free stack (fill 0). Returns the new number of free pages, or -3 when a page has no
- * reference to drop (a double free: nothing changed). */
+ * goes back on the free stack (fill 0). The columns become -1 (PageArena.free_slot's clearing). Returns
+ * the new number of free pages, or -3 when a page has no reference to drop (a double free: nothing
+ * changed). */
 int64_t tg_release(int32_t *free_stack, int64_t num_free, int32_t *refcount, int32_t *fill,
-                   const int32_t *arena_pages, const int32_t *arena_npages, int64_t V, int64_t cap, int64_t slot)
+                   int32_t *arena_pages, const int32_t *arena_npages, int64_t V, int64_t cap, int64_t slot)
 {
     for (int64_t v = 0; v < V; v++) {
         const int32_t *row = arena_pages + (slot * V + v) * cap;
@@ -209,13 +229,14 @@ int64_t tg_release(int32_t *free_stack, int64_t num_free, int32_t *refcount, int
     }
     int64_t top = num_free;
     for (int64_t v = 0; v < V; v++) {
-        const int32_t *row = arena_pages + (slot * V + v) * cap;
+        int32_t *row = arena_pages + (slot * V + v) * cap;
         for (int64_t c = 0; c < arena_npages[slot * V + v]; c++) {
             int32_t id = row[c];
             if (id >= 0 && --refcount[id] == 0) {
                 free_stack[top++] = id;
                 fill[id] = 0;
             }
+            row[c] = -1;
         }
     }
     return top;
