@@ -7,13 +7,16 @@ the B requests), then release. Per virtual layer v the budget beta_v is drawn in
                    (one draw per pass), per decode step (batched) the capacity check
                    reserve_decode_step and decode_step, release. Vectorized over V = L x G with numpy.
                    The pool outlives the batch, as in a server (sized by an untimed warm-up batch).
-  tangram_tables   the above plus the device block tables the attention side reads, as served:
-                   DeviceBlockTables (here on CPU) loaded / extended with each pass's pages and
-                   updated every decode step. Its torch ops are device work on a GPU.
+  tangram_tables   as a GPU serves it: the above plus the device block tables the attention side
+                   reads, DeviceBlockTables (here on CPU) loaded / extended with each pass's pages
+                   and updated every decode step (its torch ops are device work on a GPU); the
+                   chunks drawn without host pages (host_pages=False: the device computes the
+                   write slots from its tables).
   write_slots      the flat slot of every kept (token, virtual layer) of every chunk, as a CPU
-                   serves them (chunk_slots_host on the host); a GPU computes the same on the
-                   device (DeviceBlockTables.chunk_slots). Per kept slot, about L x G x the kept
-                   share times SGLang's per-token out_cache_loc; not in the two columns above.
+                   serves them (chunk_slots_host on the host, from the pages `tangram` gathers); a
+                   GPU computes the same on the device (DeviceBlockTables.chunk_slots). Per kept
+                   slot, about L x G x the kept share times SGLang's per-token out_cache_loc; not
+                   in the two columns above.
   compress_reclaim the same pool and block table, but no plan: each chunk allocates its
                    uncompressed length in every v, then, once compression is known, frees the
                    pages past the kept slots and truncates the table (compress-then-reclaim).
@@ -79,10 +82,11 @@ class TangramState:
 
 
 def run_tangram(state, batch, chunks, decode, tables=False):
-    """(prefill phase, whole request, write slots) seconds for one batch: the pool's calls, with
-    ``tables`` the device tables' too (extend per pass, decode per step) and the write slots of
-    every chunk as a CPU serves them (chunk_slots_host), timed apart: per kept slot, device
-    work on a GPU (DeviceBlockTables.chunk_slots)."""
+    """(prefill phase, whole request, write slots) seconds for one batch: the pool's calls as a CPU
+    serves them, the write slots of every chunk (chunk_slots_host) timed apart; with ``tables`` as a
+    GPU serves them: the device tables' calls too (extend per pass, decode per step), the chunks
+    drawn without host pages (the device computes the write slots from its tables:
+    DeviceBlockTables.chunk_slots, device work), write slots 0."""
     cache, dev = state.cache, state.tables
     t0 = time.perf_counter()
     slots = 0.0
@@ -93,9 +97,10 @@ def run_tangram(state, batch, chunks, decode, tables=False):
         if tables:
             host = [cache.requests[r].pages for r in rids]
             npages, dead = np.stack([h.npages for h in host]), np.stack([h.dead for h in host])
-        writes = cache.prefill_chunks(rids, [n] * batch)   # as served: one draw per wave
+        writes = cache.prefill_chunks(rids, [n] * batch, host_pages=not tables)   # as served: one draw per wave
         if tables:  # as served (serving/runtime.py extend_waves): rows == rids
             dev.extend(rids, rids, [cache.requests[r].pages for r in rids], npages, dead)
+        else:
             ts = time.perf_counter()
             chunk_slots_host(writes)
             slots += time.perf_counter() - ts
@@ -395,7 +400,7 @@ def main(argv=None):
                 fns["sglang_paged"] = lambda: run_sglang(sg, P, B, chunks, D)
             times = {k: tuple(1e6 * t / B for t in v) for k, v in best_alternating(fns, args.repeat).items()}
             row = dict(L=L, G=G, V=L * G, **{k: v[:2] for k, v in times.items()})
-            row["write_slots"] = (times["tangram_tables"][2],) * 2
+            row["write_slots"] = (times["tangram"][2],) * 2
             rows.append(row)
             print({k: (tuple(round(x) for x in v) if isinstance(v, tuple) else v) for k, v in row.items()}, flush=True)
     cols = [c for c in ("tangram", "tangram_tables", "write_slots", "compress_reclaim", "per_v_loop", "sglang_paged")

@@ -18,14 +18,16 @@ from tangram_sglang.pool.request_pages import div_mod
 from tangram_sglang.pool.spec import PoolError, PoolSpec
 
 
-def chunk_pages(arena, slots: np.ndarray, lens: np.ndarray, counts: np.ndarray, page_size: int):
+def chunk_pages(arena, slots: np.ndarray, lens: np.ndarray, counts: np.ndarray, page_size: int, gather: bool = True):
     """RequestPages.chunk_pages over a batch of arena slots: arena a PageArena, slots int64 [B],
     lens int32 / counts int64 [B, V] -> (pages the runs fall in int32 [B, V, W] -1 padded, first
-    offset [B, V] int32, each request's own W int64 [B])."""
+    offset [B, V] int32, each request's own W int64 [B]); pages None without ``gather``."""
     first, offset = div_mod(lens, page_size)
     ncols = np.where(counts > 0, -(-(offset + counts) // page_size), 0)
     widths = np.maximum(1, ncols.max(axis=1, initial=0))
     width = int(widths.max(initial=1))
+    if not gather:
+        return None, offset, widths
     if native.enabled():
         return native.chunk_pages(arena, slots, lens, counts, page_size, width), offset, widths
     return chunk_pages_reference(arena.pages, slots, first, ncols, width), offset, widths
@@ -87,9 +89,10 @@ def _draw(pool, arena, slots: np.ndarray, need: np.ndarray, npages: np.ndarray) 
     arena.npages[slots] = npages + need
 
 
-def draw_chunks(cache, rids: list, sizes) -> ChunkWrites:
+def draw_chunks(cache, rids: list, sizes, host_pages: bool = True) -> ChunkWrites:
     """cache.prefill_chunk(rid, n) for each (rid, n) in order, for a RaggedKVCache without window
-    layers: the planned next chunk of each request, its pages drawn from its reservation."""
+    layers: the planned next chunk of each request, its pages drawn from its reservation. Without
+    host_pages the writes carry no pages (None): the device block tables compute the slots."""
     reqs = [cache._req(r) for r in rids]
     check_planned(rids, reqs, sizes)
     P, A = cache.spec.page_size, cache.arena
@@ -104,12 +107,12 @@ def draw_chunks(cache, rids: list, sizes) -> ChunkWrites:
     _draw(cache.pool, A, slots, need, npages)
     A.reserved_left[slots] -= need.astype(np.int32)
     A.taken[slots] += need.astype(np.int32)
-    pages, offset, widths = chunk_pages(A, slots, held, counts, P)
+    pages, offset, widths = chunk_pages(A, slots, held, counts, P, gather=host_pages)
     A.lens[slots] = lens + counts
     for rid, req, end in zip(rids, reqs, A.lens[slots]):
         req.chunk_ends.append(end)
         if req.prefill_done and not np.array_equal(req.taken, req.plan.prefill_pages):
             raise PoolError(f"request {rid!r}: reserved != used after prefill")
     B, L, G = len(rids), cache.spec.num_layers, cache.spec.num_groups
-    return ChunkWrites(pages=pages.reshape(B, L, G, -1), offset=offset.reshape(B, L, G),
+    return ChunkWrites(pages=None if pages is None else pages.reshape(B, L, G, -1), offset=offset.reshape(B, L, G),
                        counts=counts.reshape(B, L, G), widths=widths, page_size=P)

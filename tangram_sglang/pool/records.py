@@ -44,11 +44,12 @@ class ChunkWrite:
 @dataclass(frozen=True, kw_only=True)
 class ChunkWrites:
     """One prefill chunk of each of B requests, drawn together (RaggedKVCache.prefill_chunks):
-    pages int32 [B, L, G, W] (-1 padded), offset int32 [B, L, G], counts int64 [B, L, G], as
+    pages int32 [B, L, G, W] (-1 padded; None when drawn without host pages, for a device that
+    computes the slots from its tables), offset int32 [B, L, G], counts int64 [B, L, G], as
     ChunkWrite's per request; widths int64 [B] each request's own W. ``writes[i]`` is request i's
     ChunkWrite, exactly what prefill_chunk would have returned."""
 
-    pages: np.ndarray
+    pages: np.ndarray | None
     offset: np.ndarray
     counts: np.ndarray
     widths: np.ndarray
@@ -58,6 +59,8 @@ class ChunkWrites:
         return self.counts.shape[0]
 
     def __getitem__(self, i: int) -> ChunkWrite:
+        if self.pages is None:
+            raise ValueError("these writes were drawn without host pages (host_pages=False)")
         return ChunkWrite(pages=self.pages[i, :, :, : int(self.widths[i])], offset=self.offset[i],
                           counts=self.counts[i], page_size=self.page_size)
 

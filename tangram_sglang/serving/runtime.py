@@ -199,11 +199,13 @@ class TangramServing:
         host = [self.cache.requests[rid].pages for rid in rids]
         npages_before, dead_before = np.stack([p.npages for p in host]), np.stack([p.dead for p in host])
         drawn = []   # per wave: (members, lens before [b, V], protect, writes)
+        on_host = self.data.k_pages.device.type == "cpu"   # else the device computes the slots (_wave_plan)
         for w in range(max(len(p) for p in pieces)):
             members = [i for i, p in enumerate(pieces) if len(p) > w]
             before = np.stack([host[i].lens for i in members]).astype(np.int32)
             protect = [self.requests[rids[i]].protect[len(self.cache.requests[rids[i]].chunk_ends)] for i in members]
-            writes = self.cache.prefill_chunks([rids[i] for i in members], [pieces[i][w] for i in members])
+            writes = self.cache.prefill_chunks([rids[i] for i in members], [pieces[i][w] for i in members],
+                                               host_pages=on_host)
             drawn.append((members, before, protect, writes))
         self.counters.prefill_passes += 1
         self.counters.prefill_chunks += sum(len(p) for p in pieces)

@@ -13,6 +13,7 @@ import pytest
 
 from tangram_sglang.pool.block_table import chunk_slots_host, chunk_slots_reference
 from tangram_sglang.pool import PoolError, PoolSpec, RaggedKVCache, RequestTooLargeError, native
+from tangram_sglang.pool.chunk_draw import stack_writes
 from tangram_sglang.pool.records import ChunkWrite, ChunkWrites
 
 from pool_driver import finish
@@ -98,6 +99,17 @@ def _workload(seed: int, steps: int = 60) -> None:
             rng.shuffle(batch)
             sizes = [old.requests[r].plan.chunk_tokens[len(old.requests[r].chunk_ends)] for r in batch]
             writes_old = [old.prefill_chunk(r, n) for r, n in zip(batch, sizes)]
+            if rng.random() < 0.3:   # as a GPU draws: no host pages, the rest the same
+                writes_new = new.prefill_chunks(batch, sizes, host_pages=False)
+                stacked = stack_writes(writes_old, old.spec)
+                assert writes_new.pages is None and len(writes_new) == len(batch)
+                for name in ("offset", "counts", "widths"):
+                    np.testing.assert_array_equal(getattr(stacked, name), getattr(writes_new, name), err_msg=name)
+                if batch:
+                    with pytest.raises(ValueError, match="without host pages"):
+                        writes_new[0]
+                _same_state(old, new)
+                continue
             writes_new = new.prefill_chunks(batch, sizes)
             assert isinstance(writes_new, ChunkWrites) and len(writes_new) == len(batch)
             for w_old, w_new in zip(writes_old, writes_new):
