@@ -149,19 +149,22 @@ FIGURES: tuple[Figure, ...] = (
     _concurrency("concurrency_multiturn_r04", "--sessions 12 --turns 4 --prompt-tokens 1000 --new-tokens 150 "
                  "--max-total-tokens 8192 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml "
                  "--repeats 3 --stock-variants fcfs lpm --control"),
-    # the same on Qwen
+    # the same on Qwen, at its recommended ratio (0.5 under the chunk rule; 0.25 before it)
     _concurrency("concurrency_multiturn_qwen", "--model qwen2.5-0.5b --sessions 12 --turns 4 --prompt-tokens 1000 "
-                 "--new-tokens 150 --max-total-tokens 8192 --ratios 0.25 "
+                 "--new-tokens 150 --max-total-tokens 8192 --ratios 0.5 "
                  "--profile configs/qwen2.5-0.5b-fastkvzip.yaml --repeats 3 --stock-variants fcfs lpm --control"),
     _concurrency("concurrency_fp8", "--sessions 16 --turns 4 --prompt-tokens 1000 --new-tokens 150 --max-new-tokens 48 "
                  "--max-total-tokens 3072 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml "
                  "--kv-cache-dtype auto fp8_e4m3 --repeats 3 --stock-variants fcfs lpm"),
+    # Gemma 3 (a hybrid): stock under fcfs and lpm (issue 50: its best policy); the ratio-1.0 control keeps every
+    # token of the full layers but releases the window layers' passed pages as the profile does, so the profile's
+    # gain splits into window release (the control over stock) and per-head compression (the profile over the control)
     _concurrency("concurrency_gemma_long", "--model gemma3-270m --profile configs/gemma3-270m-fastkvzip.yaml "
                  "--ratios 0.5 0.25 --sessions 6 --turns 3 --prompt-tokens 1300 --new-tokens 200 --max-new-tokens 32 "
-                 "--max-total-tokens 3072 --repeats 3 --stock-variants fcfs refresh"),
+                 "--max-total-tokens 3072 --repeats 3 --stock-variants fcfs lpm --control"),
     _concurrency("concurrency_gemma_long_6k", "--model gemma3-270m --profile configs/gemma3-270m-fastkvzip.yaml "
                  "--ratios 0.5 --sessions 6 --turns 3 --prompt-tokens 1300 --new-tokens 200 --max-new-tokens 32 "
-                 "--max-total-tokens 6144 --repeats 3 --stock-variants fcfs refresh"),
+                 "--max-total-tokens 6144 --repeats 3 --stock-variants fcfs lpm --control"),
     # sessions that pause between turns (issue 60): more open sessions than the pool holds, the profile under its
     # default policy (lpm) against stock lpm (its best here) and the ratio-1.0 control: docs/results.md's command
     Figure("think_time", "serving", "benchmarks.serving.think_time",
