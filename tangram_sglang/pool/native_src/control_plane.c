@@ -184,10 +184,17 @@ int64_t tg_decode(int32_t *free_stack, int64_t num_free, int64_t available, int3
             int64_t at = slots[b] * V + v;
             if (!at_boundary(lens[at], page_size)) continue;
             if (npages[at] >= cap) return -2;
+            /* the column this step appends to: rows lie cap * 4 bytes apart (megabytes at long contexts), so
+             * each is a miss; asked for here, it is in cache when the second pass writes it */
+            __builtin_prefetch(&pages[at * cap + npages[at]], 1);
             n++;
             n_res += reserved_left[at] > 0;
         }
     if (n - n_res > available || n > num_free) return -1;
+    for (int64_t k = 1; k <= n; k++) {   /* the pages the step takes: their refcount and fill lines too */
+        __builtin_prefetch(&refcount[free_stack[num_free - k]], 1);
+        __builtin_prefetch(&fill[free_stack[num_free - k]], 1);
+    }
     int64_t top = num_free, o = 0;
     int32_t longest = 0;
     for (int64_t b = 0; b < B; b++)
