@@ -246,7 +246,7 @@ def decode_batch(beta, L, G, P, batch, context):
 
 
 def run_decode_steps(beta, L, G, P, batch, context, steps):
-    """Per-step seconds of: rebuild (best), host (best, median), device_tables (best)."""
+    """Per-step seconds, a list each: rebuild, host, device_tables, check."""
     import torch
 
     from tangram_sglang.pool.batch_memo import BatchMemo
@@ -282,7 +282,7 @@ def run_decode_steps(beta, L, G, P, batch, context, steps):
         t2 = time.perf_counter()
         t_host.append(t1 - t0)
         t_dev.append(t2 - t1)
-    return min(t_rebuild), (min(t_host), float(np.median(t_host))), min(t_dev), float(np.median(t_check))
+    return t_rebuild, t_host, t_dev, t_check
 
 
 def run_sglang_steps(sg, P, batch, context, steps):
@@ -308,7 +308,10 @@ def run_sglang_steps(sg, P, batch, context, steps):
         indptr[1:] = torch.cumsum(seq_i32, 0)
         times.append(time.perf_counter() - t0)
         lens = seq
-    return min(times), float(np.median(times))
+    return times
+
+
+DECODE_ROUNDS = 4   # --decode-step: rounds alternating Tangram's steps and SGLang's
 
 
 def decode_step_main(args, sg, run_stamp: dict):
@@ -319,19 +322,29 @@ def decode_step_main(args, sg, run_stamp: dict):
         for G in args.groups:
             beta = rng.uniform(0.05, 1.0, L * G)
             for ctx in args.contexts:
-                rebuild, host, dev, check = run_decode_steps(beta, L, G, P, B, ctx, args.steps)
+                # alternate the two in rounds of steps / ROUNDS, each from a fresh batch: the host's pace
+                # drifts within a run, and one block each would put the drift between the columns
+                t = {k: [] for k in ("rebuild", "host", "dev", "check", "sglang")}
+                for _ in range(DECODE_ROUNDS):
+                    for k, v in zip(("rebuild", "host", "dev", "check"),
+                                    run_decode_steps(beta, L, G, P, B, ctx, args.steps // DECODE_ROUNDS)):
+                        t[k] += v
+                    if sg is not None:
+                        t["sglang"] += run_sglang_steps(sg, P, B, ctx, args.steps // DECODE_ROUNDS)
+                rebuild, dev = min(t["rebuild"]), min(t["dev"])
+                host, check = (min(t["host"]), float(np.median(t["host"]))), float(np.median(t["check"]))
                 row = dict(L=L, G=G, context=ctx, rebuild=1e6 * rebuild, host=1e6 * host[0],
                            host_median=1e6 * host[1], device_tables=1e6 * dev, check_median=1e6 * check,
                            host_and_check_median=1e6 * (host[1] + check))
                 if sg is not None:
-                    best_s, median_s = run_sglang_steps(sg, P, B, ctx, args.steps)
+                    best_s, median_s = min(t["sglang"]), float(np.median(t["sglang"]))
                     row["sglang"], row["sglang_median"] = 1e6 * best_s, 1e6 * median_s
                 rows.append(row)
                 print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
     cols = [c for c in ("rebuild", "host", "device_tables", "sglang", "host_median", "check_median",
                                   "host_and_check_median", "sglang_median") if c in rows[0]]
-    lines = [f"Host microseconds per decode step (best of {args.steps} steps; `_median` columns: the median "
-             f"step), batch {B} (contexts spread over [context - 511, context] so pages open at different "
+    lines = [f"Host microseconds per decode step (best of {args.steps} steps in {DECODE_ROUNDS} rounds alternating "
+             f"Tangram's and SGLang's; `_median` columns: the median step), batch {B} (contexts spread over [context - 511, context] so pages open at different "
              f"steps), P={P}, budgets uniform in [0.05, 1]; in brackets: time / sglang (medians to SGLang's "
              "median). `host` is what the served step costs the host now (the batch's rows, the "
              "pool's pages for the step); `device_tables` is torch work that runs on the device on a GPU "
