@@ -35,8 +35,9 @@ def code_version(setting: str, profile: str) -> str:
         files = KVPRESS_FILES
     else:
         oracle = base_setting(setting) in ORACLE
-        package = oracle_files() if oracle else sorted(
-            glob.glob(os.path.join(ROOT, "tangram_sglang", "**", "*.py"), recursive=True))
+        package = oracle_files() if oracle else sorted(   # served: the package's Python and its native loops
+            glob.glob(os.path.join(ROOT, "tangram_sglang", "**", "*.py"), recursive=True)
+            + glob.glob(os.path.join(ROOT, "tangram_sglang", "**", "*.c"), recursive=True))
         skip = OFFLINE if oracle else NOT_SERVED
         files = [f for f in package if not any(part in f for part in skip)] + [profile] + weight_files(profile)
     return digest(*(open(f, "rb").read() if os.path.exists(f) else f for f in files))

@@ -28,6 +28,23 @@ def test_versions_differ_by_what_settings_run():
     assert fidelity.code_version("kvpress-kvzip", PROFILE) == fidelity.code_version("kvpress-snapkv", "x.yaml")
 
 
+def test_the_served_version_covers_the_native_loops(monkeypatch):
+    """A change to the native control plane (C, built by launch/setup.sh) is a change to served code."""
+    native = os.path.join(ROOT, "tangram_sglang", "pool", "native_src", "control_plane.c")
+    real_open, before = open, fidelity.code_version("tangram", PROFILE)
+    oracle = fidelity.code_version("dynamic", PROFILE)
+
+    def edited(path, *args, **kw):
+        f = real_open(path, *args, **kw)
+        if os.path.abspath(path) != native:
+            return f
+        import io
+        return io.BytesIO(f.read() + b"/* one more comment */")
+    monkeypatch.setattr("builtins.open", edited)
+    assert fidelity.code_version("tangram", PROFILE) != before
+    assert fidelity.code_version("dynamic", PROFILE) == oracle   # the oracle does not load it
+
+
 def test_latest_row_of_equivalent_versions_answers_never_over_a_row_run_at_that_version(tmp_path):
     """Equivalent versions alias rows forward; the latest recorded row wins among aliases (a pool row
     then reads the last full run), and a row run at a version is never replaced by an alias."""
