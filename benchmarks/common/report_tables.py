@@ -977,6 +977,7 @@ def key_results() -> list[str]:
     rows.append([f"Prefill of {d['prompt_tokens']:,}-token prompts, {server_label(gate, d['ratio'])}",
                  f"{times(gate['vs_stock'])} stock's time (median of {len(q)} prompts, {spread(q)})", "stock 1.00x",
                  link("timing/prefill_cost.json")])
+    rows.append(control_plane_row())
     d = load("timing/decode_step.json")
     q = per_run_ratios(d["rows"], "steps_ms")
     rows.append([f"Decode step, batch {d['batch']} x {d['context']:,} tokens, {server_label(d['rows'][-1], None)}",
@@ -1262,6 +1263,25 @@ def control_plane_headline() -> str:
     at = {(r["L"], r["G"]): r["tangram_tables"][0] / r["sglang_paged"][0] for r in rows}
     return head + (f"; with the device tables {times(at[(32, 8)])} at 32 x 8 and {times(at[(80, 8)])} at 80 x 8"
                    if (32, 8) in at and (80, 8) in at else "")
+
+
+def control_plane_row() -> list[str]:
+    """README row: host time of admission and prefill allocation with the device tables (as a GPU serves), over
+    SGLang's token allocator, at 32 x 8 and 80 x 8; a decode step with its capacity check over SGLang's."""
+    d = load("timing/control_plane.json")
+    at = {(r["L"], r["G"]): r["tangram_tables"][0] / r["sglang_paged"][0] for r in d["rows"]}
+    a = d["args"]
+    dec_data = load("timing/control_plane_decode.json")
+    dec = dec_data["rows"]
+    step = " / ".join(times(r["host_and_check_median"] / r["sglang_median"]) for r in dec)
+    ctx = " / ".join(f"{r['context']:,}" for r in dec)
+    batch = dec_data["args"]["batch"]
+    return [f"Host control plane: admission and page allocation of a prefill ({a['batch']} requests x "
+            f"{a['tokens']:,} tokens, with the device block tables, as a GPU serves), 32 / 80 layers x 8 KV-head groups; "
+            f"a decode step with its capacity check (batch {batch}, {ctx} tokens)",
+            f"**{times(at[(32, 8)])} / {times(at[(80, 8)])}** SGLang's token allocator's time; decode step {step} SGLang's",
+            "SGLang's `PagedTokenToKVPoolAllocator` (the same tokens, uncompressed) 1.00x",
+            link("timing/control_plane.json")]
 
 
 def load_balance_headline() -> str:
