@@ -45,7 +45,7 @@ held by the tree, so it cannot be promised again); what is bounded is what is he
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import replace
 
 import numpy as np
 
@@ -210,15 +210,11 @@ class RaggedKVCache:
                           page_size=self.spec.page_size)
 
     def prefill_chunks(self, rids, sizes, host_pages: bool = True) -> ChunkWrites:
-        """prefill_chunk for each request of a batch (sizes: each one's next planned chunk), drawn
-        together: the same page ids in the same places and the same writes as calling it for rids
-        in order (pool/chunk_draw.py). host_pages False: the writes' pages are None (a device that
-        computes the write slots from its block tables needs only the counts; gathering the pages
-        on the host is B x V x W work)."""
-        rids = list(rids)
-        if self.window_rows.size or len(rids) < 2:   # window layers release pages request by request
+        """prefill_chunk for each request (sizes: its next planned chunk), drawn together: the same pages and
+        writes as one by one (pool/chunk_draw.py). host_pages False: pages None (the device computes the slots)."""
+        if self.window_rows.size or len(rids := list(rids)) < 2:   # window layers release pages request by request
             writes = stack_writes([self.prefill_chunk(r, int(n)) for r, n in zip(rids, sizes)], self.spec)
-            return writes if host_pages else dataclasses.replace(writes, pages=None)
+            return writes if host_pages else replace(writes, pages=None)
         return draw_chunks(self, rids, sizes, host_pages)
 
     def reserve_decode_step(self, rids) -> int:
