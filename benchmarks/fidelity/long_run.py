@@ -171,7 +171,7 @@ def summarize(store, model, convs, versions, args, settings, tok, profile) -> li
                 per_kind[kind] = dict(questions=[sum(r for r, _ in qs), len(qs)], conversations=[sum(cs), len(cs)])
             k, n = (sum(v["questions"][i] for v in per_kind.values()) for i in (0, 1))
             held = _held(profile, setting, ratio, [c for c in convs if c.id in rows],
-                         {cid: len(r["answer_ids"]) for cid, r in rows.items()})
+                         {cid: len(r["answer_ids"]) for cid, r in rows.items()}, tok)
             if "held" in next(iter(rows.values())):   # kvpress: its per-question shares
                 held = sum(h for r in rows.values() for h in r["held"]) / sum(len(r["held"]) for r in rows.values())
             out.append(dict(model=model, setting=setting, ratio=ratio, n=len(rows), correct=k, questions=n,

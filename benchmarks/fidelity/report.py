@@ -23,16 +23,18 @@ def _rows_for(store, model, setting, ratio, convs, version):
     return out
 
 
-def _held(profile: str, setting: str, ratio: float, convs, answers: dict) -> float | None:
-    """Served settings: the mean share of full KV the pool holds per conversation (held.py); else None."""
+def _held(profile: str, setting: str, ratio: float, convs, answers: dict, tok) -> float | None:
+    """Served settings: the mean share of full KV the pool holds per conversation (held.py), cut at the
+    chat template's markers as the server cuts (tok: the model's tokenizer); else None."""
     from benchmarks.fidelity.held import mean_held_share
-    from benchmarks.fidelity.settings import base_setting, kv_cache_dtype
+    from benchmarks.fidelity.settings import base_setting, chunk_markers, chunking, kv_cache_dtype
     from tangram_sglang.profile import load_profile
 
     if base_setting(setting) != "tangram" or not os.path.exists(profile):
         return None
     dtype = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}.get(kv_cache_dtype(setting), "float32")
-    return mean_held_share(load_profile(profile), ratio, convs, answers, kv_dtype=dtype)
+    return mean_held_share(load_profile(profile), ratio, convs, answers, kv_dtype=dtype,
+                           markers=chunk_markers(chunking(setting), tok))
 
 
 def _profile_info(path: str) -> tuple[dict, str]:
@@ -82,7 +84,7 @@ def summarize(store, model, convs, versions, ratios, settings, tok, profile: str
             facts = [r["fact_kept"] for r in rows.values() if r.get("fact_kept") is not None]
             pool = store.rows.get(f"{model}|{setting}|{ratio:g}|pool|{versions[setting]}")
             held = _held(profile, setting, ratio, [c for c in convs if c.id in rows],
-                         {cid: len(r["answer_ids"]) for cid, r in rows.items()})
+                         {cid: len(r["answer_ids"]) for cid, r in rows.items()}, tok)
             if setting == "full":
                 kept_share = 1.0
             elif kept:

@@ -21,6 +21,8 @@ Same conversations (benchmarks/fidelity/tasks.py) and token ids for every settin
   X~position  (--chunking position, an experiment on the oracle settings) the chunk rule without the chat
               template's message markers: chunks fixed by position over the whole prompt, the trailing
               partial chunk kept whole, instead of chunks restarting at each message (what serving does)
+  X~replies   (--chunking replies; served: --tangram-replies compressed) the assistant's messages compressed
+              once closed, like the user's, instead of kept whole
 Intermediate turns are sent with max_new_tokens=1 (their reply is the task's fixed text, so the next
 prompt extends this one and the server reuses it); the last turn is answered greedily.
 
@@ -75,10 +77,11 @@ def parse(argv=None):
                     "(settings are then recorded as setting[method])")
     ap.add_argument("--protect", default="4,64", help="oracle settings: SINKS,NEWEST protected tokens (a "
                     "candidate other than the served 4,64 is recorded as setting@SINKS,NEWEST)")
-    ap.add_argument("--chunking", choices=("turn", "position"), default="turn",
+    ap.add_argument("--chunking", choices=("turn", "position", "replies"), default="turn",
                     help="oracle settings: turn = the served chunk rule (chunks from each message start of the chat "
-                    "template); position = an experiment: the rule without message markers (recorded as "
-                    "setting~position)")
+                    "template); position = an experiment: the rule without message markers; replies = the "
+                    "assistant's messages compressed once closed (--tangram-replies compressed). Recorded as "
+                    "setting~position / setting~replies")
     ap.add_argument("--runs", default=RUNS, help="recorded answers (fidelity_versions.json is read beside them)")
     ap.add_argument("--out-dir", default=os.path.join(RESULTS, "fidelity"))
     ap.add_argument("--report-only", action="store_true")
@@ -97,8 +100,9 @@ def parse(argv=None):
         args.settings = [s + tag if s in ORACLE else s for s in args.settings]
         RUNNERS.update({s: run_oracle for s in args.settings if s.endswith(tag)})
     if args.chunking != "turn":
-        args.settings = [s + "~" + args.chunking if base_setting(s) in ORACLE else s for s in args.settings]
-        RUNNERS.update({s: run_oracle for s in args.settings if s.endswith("~" + args.chunking)})
+        tagged = (*ORACLE, "tangram") if args.chunking == "replies" else ORACLE   # a server flag serves it
+        args.settings = [s + "~" + args.chunking if base_setting(s) in tagged else s for s in args.settings]
+        RUNNERS.update({s: RUNNERS[base_setting(s)] for s in args.settings if s.endswith("~" + args.chunking)})
     if args.profile:
         from tangram_sglang.profile import load_profile
 

@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from benchmarks.common.client import generate, server_state
 from benchmarks.common.log import logger
 from benchmarks.common.paths import ROOT
-from benchmarks.fidelity.settings import CHUNK, KVPRESS, ORACLE, PROFILES, base_setting, kv_cache_dtype
+from benchmarks.fidelity.settings import (CHUNK, KVPRESS, ORACLE, PROFILES, base_setting, chunk_markers, chunking,
+                                         kv_cache_dtype)
 from benchmarks.fidelity.store import RunStore, digest
 from benchmarks.fidelity.tasks import Conversation
 from benchmarks.fidelity.versions import KVPRESS_FILES
-from tangram_sglang.method.chat_markers import detect_markers
 
 KVPRESS_RUNNER = KVPRESS_FILES[0]
 log = logger("fidelity")
@@ -41,6 +41,8 @@ def run_server(setting, ratio, convs, args, store, model, model_path, version, s
     extra = ["--max-total-tokens", str(args.max_total_tokens)] + (["--tangram-ratio", str(ratio)] if profile else [])
     if kv_cache_dtype(setting):
         extra += ["--kv-cache-dtype", kv_cache_dtype(setting)]
+    if chunking(setting) == "replies":
+        extra += ["--tangram-replies", "compressed"]
     with ServerProcess(model_path, port=args.port, profile=profile, extra_args=extra,
                        log_path=f"/tmp/fidelity-{args.port}-{setting}-{ratio:g}.log") as srv:
         log(f"{setting} {ratio:g}: server up, {len(convs)} sessions, {args.concurrency} at a time")
@@ -100,7 +102,7 @@ def run_oracle(setting, ratio, convs, args, store, model, model_path, version) -
     stop |= {int(tokenizer.eos_token_id)}
     # cut as the server cuts (method/chunks.py): at the chat template's message starts, or, with
     # --chunking position, as one message (aligned chunks from 0, the tail kept whole)
-    markers = None if args.chunking == "position" else detect_markers(tokenizer)
+    markers = chunk_markers(args.chunking, tokenizer)
     for i, conv in enumerate(convs):
         t0 = time.perf_counter()
         run = reference_run(lm, entry, heads_per_group=prof.heads_per_group, method=scorer,

@@ -22,6 +22,23 @@ def base_setting(setting: str) -> str:
     return re.split(r"[@~\[+]", setting)[0]
 
 
+def chunking(setting: str) -> str:
+    """The --chunking a setting was run with: 'position' or 'replies' from its '~' tag, else 'turn'."""
+    m = re.search(r"~(\w+)", setting)
+    return m.group(1) if m else "turn"
+
+
+def chunk_markers(how: str, tokenizer):
+    """The chunk rule's message markers for --chunking ``how``: turn = the chat template's (the served
+    rule), position = none (the whole prompt one message), replies = the template's without the
+    assistant's role (its messages compressed once closed, as ``--tangram-replies compressed`` serves)."""
+    from tangram_sglang.method.chat_markers import detect_markers
+    from tangram_sglang.method.chunks import Markers
+
+    markers = None if how == "position" else detect_markers(tokenizer)
+    return Markers(start_ids=markers.start_ids) if how == "replies" and markers else markers
+
+
 def kv_cache_dtype(setting: str) -> str | None:
     """The --kv-cache-dtype of a setting tagged '+fp8_e4m3' (None: the model's dtype)."""
     return setting.rpartition("+")[2] if "+" in setting else None

@@ -81,8 +81,11 @@ def build_serving(loaded, configurator, stock_tokens: int):
 
 def chat_markers(server_args):
     """The chat template's message markers the chunk rule cuts at (method/chunks.py), from the served
-    tokenizer; None (one message per sequence) without a tokenizer or a template the rule can read."""
+    tokenizer; None (one message per sequence) without a tokenizer or a template the rule can read.
+    With --tangram-replies compressed, without the assistant's role: its messages are cut like any other."""
     from tangram_sglang.method.chat_markers import detect_markers
+    from tangram_sglang.method.chunks import Markers
+    from tangram_sglang.sglang.server_args import served_profile
 
     try:   # read even with --skip-tokenizer-init: its clients still send chat-formatted ids
         from transformers import AutoTokenizer
@@ -94,6 +97,10 @@ def chat_markers(server_args):
         logger.warning("Tangram: no tokenizer for the chunk rule's message markers (%s)", exc)
         return None
     markers = detect_markers(tokenizer)
+    if markers is not None and served_profile(server_args).replies == "compressed":
+        logger.info("Tangram chunk rule: messages open at token %s; the assistant's compressed once closed",
+                    markers.start_ids)
+        return Markers(start_ids=markers.start_ids)
     logger.info("Tangram chunk rule: %s", f"messages open at token {markers.start_ids}, the assistant's named "
                 f"by {markers.assistant}" if markers else "no chat markers (a sequence is one message)")
     return markers

@@ -25,6 +25,7 @@ logger = logging.getLogger("tangram_sglang")
 
 HANDLE = "_tangram"
 DATA_PLANES = ("auto", "torch", "triton", "cuda")
+REPLIES = ("whole", "compressed")   # the assistant's messages in the chunk rule (method/chunks.py)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class ServedProfile:
     ratio: float | None = None
     data_plane: str = "auto"
     host_ratio: float = 0.0   # the compressed host tier's pages, in device pools (0: none)
+    replies: str = "whole"    # REPLIES: the assistant's messages kept whole, or compressed once closed
 
 
 def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> None:
@@ -52,6 +54,10 @@ def add_cli_args(result, parser: argparse.ArgumentParser, *args, **kwargs) -> No
                        help="A compressed host tier of R times the ragged pool's bytes in host memory: tree "
                             "segments evicted for device room move there still compressed and are loaded back "
                             "when a later turn matches them, instead of being prefilled again (0: none).")
+    group.add_argument("--tangram-replies", choices=REPLIES, default="whole",
+                       help="The assistant's messages in the history: whole (read back from the tree as "
+                            "generated) or compressed (once the next turn closes them, recomputed with it and "
+                            "kept at the profile's budgets, like the user's).")
     # Unset unless given, so a profile can pick its own default (profile_defaults); SGLang's otherwise.
     parser.set_defaults(schedule_policy=None)
 
@@ -165,13 +171,15 @@ def read_profile(profile_path: str | None) -> tuple[str | None, TangramProfile |
 
 
 def attach_profile(server_args, path: str | None, profile: TangramProfile | None, ratio: float | None,
-                   data_plane: str | None = "auto", host_ratio: float | None = 0.0) -> None:
+                   data_plane: str | None = "auto", host_ratio: float | None = 0.0, replies: str | None = "whole") -> None:
     """Check the profile against the request (and the model when its folder is local) and record
     it on server_args. Raises ProfileError naming the field and the problem.
     """
-    data_plane = data_plane or "auto"
+    data_plane, replies = data_plane or "auto", replies or "whole"
     if data_plane not in DATA_PLANES:
         raise ProfileError("tangram_data_plane", f"{data_plane!r} is not one of {', '.join(DATA_PLANES)}")
+    if replies not in REPLIES:
+        raise ProfileError("tangram_replies", f"{replies!r} is not one of {', '.join(REPLIES)}")
     if profile is None:
         if ratio is not None:
             raise ProfileError("tangram_ratio", "given without --tangram-profile")
@@ -179,6 +187,8 @@ def attach_profile(server_args, path: str | None, profile: TangramProfile | None
             raise ProfileError("tangram_data_plane", "given without --tangram-profile")
         if host_ratio:
             raise ProfileError("tangram_host_ratio", "given without --tangram-profile")
+        if replies != "whole":
+            raise ProfileError("tangram_replies", "given without --tangram-profile")
         return
     profile.select(ratio)
     check_scorer_weights(profile, path)
@@ -190,7 +200,7 @@ def attach_profile(server_args, path: str | None, profile: TangramProfile | None
     _check_data_plane(server_args, data_plane)
     host_ratio = _check_host_ratio(host_ratio, profile)
     # A bookkeeping attribute (leading underscore) is allowed on the sealed record.
-    setattr(server_args, HANDLE, ServedProfile(path, ratio, data_plane, host_ratio))
+    setattr(server_args, HANDLE, ServedProfile(path, ratio, data_plane, host_ratio, replies))
 
 
 def _check_host_ratio(host_ratio: float | None, profile: TangramProfile) -> float:
@@ -228,7 +238,7 @@ def from_cli_args(original, cls, args: argparse.Namespace):
         chosen = _cli_defaults(args, profile)
         server_args = original(cls, args)
         attach_profile(server_args, path, profile, getattr(args, "tangram_ratio", None), data_plane,
-                       getattr(args, "tangram_host_ratio", 0.0))
+                       getattr(args, "tangram_host_ratio", 0.0), getattr(args, "tangram_replies", "whole"))
         _log_chosen(chosen)
     except ProfileError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -265,11 +275,12 @@ def engine_server_args_factory(server_args_cls):
         ratio = kwargs.pop("tangram_ratio", None)
         data_plane = kwargs.pop("tangram_data_plane", "auto")
         host_ratio = kwargs.pop("tangram_host_ratio", 0.0)
+        replies = kwargs.pop("tangram_replies", "whole")
         _apply_overrides(kwargs, serving_overrides(profile, data_plane, kwargs.get("device")))
         prefill_pass_size(kwargs, profile)
         chosen = profile_defaults(kwargs, profile)
         server_args = server_args_cls(**kwargs)
-        attach_profile(server_args, path, profile, ratio, data_plane, host_ratio)
+        attach_profile(server_args, path, profile, ratio, data_plane, host_ratio, replies)
         _log_chosen(chosen)
         return server_args
 

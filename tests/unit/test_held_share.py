@@ -46,3 +46,18 @@ def test_window_layers_hold_about_their_window_once_the_tree_drops_interior_page
         short, long = (held_share(profile, 1.0, _turns(n), 1, chunk=chunk) for n in (128, 1024))
         assert long < short < 1.0
         assert long == pytest.approx((1024 + 64) / 2048, abs=0.03)  # the full layer + the window layer's window
+
+
+def test_compressed_replies_hold_less_than_whole_ones():
+    """A chat whose replies are long: kept whole (the assistant's role among the markers) they hold about
+    full KV; compressed once closed (markers without it: --tangram-replies compressed) about the ratio."""
+    profile = uniform_profile(SHAPE, [0.25], parallel_capacity=4)
+    role = START + 1
+    turn, prompt = [], []
+    for _ in range(3):   # a 40-token user message, then the assistant's 400-token reply
+        prompt = prompt + [START] + list(range(40)) + [START, role] + list(range(400))
+        turn.append(prompt[:-400])   # each turn's prompt ends with the assistant's header (its reply to come)
+    turn.append(prompt + [START] + list(range(40)) + [START, role])
+    whole = held_share(profile, 0.25, turn, 1, chunk=128, markers=Markers((START,), ((role,),)))
+    compressed = held_share(profile, 0.25, turn, 1, chunk=128, markers=Markers((START,)))
+    assert whole > 0.8 and compressed < 0.45

@@ -77,3 +77,21 @@ def test_host_ratio_parses_and_bad_values_stop_the_launch(tiny_llama, profile, c
         _check_host_ratio(1.0, windowed)
     args = engine_mod.Engine.server_args_class(model_path=tiny_llama[0], tangram_profile=profile, tangram_host_ratio=0.5)
     assert served_profile(args).host_ratio == 0.5
+
+
+def test_replies_parses_and_bad_values_stop_the_launch(tiny_llama, profile, capsys):
+    args = prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile,
+                                "--tangram-replies", "compressed"])
+    assert served_profile(pickle.loads(pickle.dumps(args))).replies == "compressed"
+    assert served_profile(prepare_server_args(["--model-path", tiny_llama[0], "--tangram-profile", profile])).replies \
+        == "whole"
+    for bad, why in ((["--tangram-profile", profile, "--tangram-replies", "half"], "invalid choice"),
+                     (["--tangram-replies", "compressed"], "given without --tangram-profile")):
+        with pytest.raises(SystemExit):
+            prepare_server_args(["--model-path", tiny_llama[0], *bad])
+        assert why in capsys.readouterr().err
+    build = engine_mod.Engine.server_args_class
+    assert served_profile(build(model_path=tiny_llama[0], tangram_profile=profile,
+                                tangram_replies="compressed")).replies == "compressed"
+    with pytest.raises(ProfileError, match="'half' is not one of whole, compressed"):
+        build(model_path=tiny_llama[0], tangram_profile=profile, tangram_replies="half")
