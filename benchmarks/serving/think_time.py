@@ -17,6 +17,7 @@ Servers (--servers, each launched in turn with the same --max-total-tokens, i.e.
   stock-lpm-pdi, tangram-pdi, ...  with SGLang's --prefill-decode-interval 1 (decode rounds between prefills)
   tangram, tangram-fcfs            --tangram-profile at --ratio, its default policy (lpm) / SGLang's fcfs
   tangram-1.0, tangram-1.0-fcfs    a uniform ratio-1.0 profile (no compression): the data-plane control
+  tangram-replies                  the profile with --tangram-replies compressed (long replies compressed)
   tangram-host, tangram-1.0-host   with a compressed host tier of 2 pools' bytes (--tangram-host-ratio 2)
   stock-lpm-host-bytes             stock lpm given 3x the KV bytes on the device: the bound on stock HiCache
                                    with the same device and host bytes (which does not run on a CPU)
@@ -73,6 +74,8 @@ SERVERS = {
     "tangram": ("shipped", [], False),
     "tangram-fcfs": ("shipped", ["--schedule-policy", "fcfs"], False),
     "tangram-1.0": ("uniform", [], False),
+    # the assistant's replies compressed once the next turn closes them (kept whole by default)
+    "tangram-replies": ("shipped", ["--tangram-replies", "compressed"], False),
     "tangram-1.0-fcfs": ("uniform", ["--schedule-policy", "fcfs"], False),
     "tangram-sessions": ("shipped", ["--enable-session-radix-cache"], True),
     # SGLang's --prefill-decode-interval: a decode round after each prefill batch, so a turn's reply is not
