@@ -201,11 +201,13 @@ def is_plain_stock(m: dict) -> bool:
 
 
 def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: float | None,
-             total_tokens: int, kv_dtype: str = "auto", variant: str = "fcfs", control: bool = False) -> dict:
+             total_tokens: int, kv_dtype: str = "auto", variant: str = "fcfs", control: bool = False,
+             replies: str = "whole") -> dict:
     """One server's run. total_tokens: full-KV tokens of the pool bytes at float32; with an FP8 kv_dtype
     the server gets the tokens those bytes hold at one byte a value (the same bytes). variant: a
     STOCK_VARIANTS key (stock servers only). control: serve a uniform ratio-1.0 profile of the model
-    (ratio must be 1.0): Tangram's data plane and scheduling without compression."""
+    (ratio must be 1.0): Tangram's data plane and scheduling without compression. replies: the profile's
+    --tangram-replies."""
     group = total_tokens
     total_tokens = total_tokens * args.model_kv_bytes // KV_BYTES.get(kv_dtype, args.model_kv_bytes)
     extra = ["--max-total-tokens", str(total_tokens)] + (["--kv-cache-dtype", kv_dtype] if kv_dtype != "auto" else [])
@@ -216,7 +218,7 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
         profile = uniform_profile_path(model_path)
     elif ratio is not None:
         profile = os.path.join(ROOT, args.profile)
-        extra += ["--tangram-ratio", str(ratio)]
+        extra += ["--tangram-ratio", str(ratio)] + (["--tangram-replies", replies] if replies != "whole" else [])
     log(f"[{name}] starting server on port {port} (--max-total-tokens {total_tokens}"
         + (f", profile {profile} ratio {ratio})" if profile else ")"))
     t_launch = time.perf_counter()
@@ -237,7 +239,7 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
     counters = st.get("batch_counters", {})
     tangram = st.get("tangram") or {}
     pool = tangram.get("pool_info")
-    out = dict(mode=name, ratio=ratio, control=control, max_total_tokens=total_tokens, bytes_of_tokens=group, kv_cache_dtype=kv_dtype,
+    out = dict(mode=name, ratio=ratio, control=control, replies=replies, max_total_tokens=total_tokens, bytes_of_tokens=group, kv_cache_dtype=kv_dtype,
                stock_variant=variant if ratio is None else None,
                server_max_total_num_tokens=served_T, batch_counters=counters,
                peak_running=counters.get("peak_running"),
@@ -256,11 +258,11 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
 
 
 def launch_refused(name: str, model_path: str, port: int, args, wl: Workload, ratio, total: int, kv_dtype: str,
-                   variant: str = "fcfs", control: bool = False):
+                   variant: str = "fcfs", control: bool = False, replies: str = "whole"):
     """run_mode, or None with the reason logged when the server does not start (stock SGLang 0.5.23
     refuses FP8 KV on a CPU without Intel AMX)."""
     try:
-        return run_mode(name, model_path, port, args, wl, ratio, total, kv_dtype, variant, control)
+        return run_mode(name, model_path, port, args, wl, ratio, total, kv_dtype, variant, control, replies)
     except (RuntimeError, TimeoutError, OSError, SystemExit) as exc:
         log(f"[{name}] did not start: {str(exc)[-300:]}")
         return None
@@ -394,6 +396,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stock-variants", nargs="+", default=["fcfs"], choices=list(STOCK_VARIANTS),
                     help="stock servers to run (the first must be fcfs, the reference of 'vs stock'): lpm = "
                     "--schedule-policy lpm; refresh = Tangram's waiting-queue refresh without a profile")
+    ap.add_argument("--replies", nargs="+", default=["whole"], choices=["whole", "compressed"],
+                    help="each Tangram ratio served once per --tangram-replies value (compressed: mode +replies)")
     ap.add_argument("--control", action="store_true", help="also serve a uniform ratio-1.0 profile of the model "
                     "(tangram-1.0): the gain over stock splits into data plane and compression")
     args = ap.parse_args(argv)
@@ -415,14 +419,14 @@ def main(argv=None) -> int:
             for kv in args.kv_cache_dtype:
                 tag = "" if kv == "auto" else f"+{kv}"
                 variants = [] if args.no_stock else args.stock_variants if kv == "auto" else ["fcfs"]
-                runs = [("stock" + ("" if v == "fcfs" else f"-{v}") + tag, args.stock_port, None, v, False)
+                runs = [("stock" + ("" if v == "fcfs" else f"-{v}") + tag, args.stock_port, None, v, False, "whole")
                         for v in variants]
-                runs += [(f"tangram-{method}@{ratio}{tag}", args.tangram_port, ratio, "fcfs", False)
-                         for ratio in args.ratios]
+                runs += [(f"tangram-{method}@{ratio}{tag}" + ("" if rp == "whole" else "+replies"), args.tangram_port,
+                          ratio, "fcfs", False, rp) for ratio in args.ratios for rp in args.replies]
                 if args.control:
-                    runs.append((f"tangram-1.0{tag}", args.tangram_port, 1.0, "fcfs", True))
-                for name, port, ratio, variant, control in runs:
-                    m = launch_refused(name, model_path, port, args, wl, ratio, total, kv, variant, control)
+                    runs.append((f"tangram-1.0{tag}", args.tangram_port, 1.0, "fcfs", True, "whole"))
+                for name, port, ratio, variant, control, replies in runs:
+                    m = launch_refused(name, model_path, port, args, wl, ratio, total, kv, variant, control, replies)
                     if m is None:
                         refused.append(f"{name} (T={total})")
                         continue
