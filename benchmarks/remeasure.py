@@ -276,6 +276,12 @@ FIGURES: tuple[Figure, ...] = (
     _fidelity("fidelity_qwen_fastkvzip", "qwen2.5-0.5b", "configs/qwen2.5-0.5b-fastkvzip.yaml",
               # 0.4 / 0.64 / 0.79: the shares of full KV the served 0.25 / 0.5 / 0.7 hold (measured 2026-11-27)
               "full tangram dynamic uniform kvpress-kvzip", "0.25 0.7 0.5 0.31 0.4 0.64 0.79", Q, 31210),
+    # --tangram-replies compressed (the assistant's messages kept at the budgets once closed) at the shipped
+    # ratios; the same conversations' rows with replies whole are in the two reports above
+    _fidelity("fidelity_replies", "smollm2", "configs/smollm2-fastkvzip.yaml", "full tangram", "0.4", S, 31220,
+              ("--chunking", "replies")),
+    _fidelity("fidelity_qwen_replies", "qwen2.5-0.5b", "configs/qwen2.5-0.5b-fastkvzip.yaml", "full tangram", "0.5",
+              Q, 31230, ("--chunking", "replies")),
     _fidelity("fidelity_gemma", "gemma3-270m", None, "full tangram dynamic",
               "0.5 0.25", S, 31500),
     # the long tier (histories near the context, the model's own replies), kvpress at Tangram's measured KV

@@ -1332,6 +1332,12 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                      lambda: fidelity_headline("fidelity/fidelity_fp8.json"), None),
     "fidelity_qwen_fp8": ("The Qwen2.5-0.5B FastKVzip profile with FP8 KV pages against float32 pages "
                           "(32 conversations)", lambda: fidelity_headline("fidelity/fidelity_qwen_fp8.json"), None),
+    "fidelity_replies": ("SmolLM2 FastKVzip at 0.4 with --tangram-replies compressed (the assistant's long replies "
+                         "at the budgets once closed), against full KV (64 conversations)",
+                         lambda: fidelity_headline("fidelity/fidelity_replies.json"), None),
+    "fidelity_qwen_replies": ("Qwen2.5-0.5B FastKVzip at 0.5 with --tangram-replies compressed, against full KV "
+                              "(32 conversations)", lambda: fidelity_headline("fidelity/fidelity_qwen_replies.json"),
+                              None),
     "fidelity_gemma": ("Multi-turn fidelity of Gemma-3-270m, a hybrid with window layers, with its FastKVzip "
                        "profile, against full KV and the dynamic method (64 conversations)",
                        lambda: fidelity_headline("fidelity/fidelity_gemma.json"), None),
