@@ -49,11 +49,13 @@ def call(url: str, payload: dict | None = None, timeout: float = 1800) -> tuple[
 
 
 def generate(url: str, prompt: list[int] | str, max_new_tokens: int, ignore_eos: bool = False,
-             timeout: float = 3600) -> dict:
-    """Greedy /generate of token ids (or text); ``ignore_eos`` is sent only when set."""
+             timeout: float = 3600, logit_bias: dict[str, float] | None = None) -> dict:
+    """Greedy /generate of token ids (or text); ``ignore_eos`` and ``logit_bias`` are sent only when set."""
     sampling = {"temperature": 0, "max_new_tokens": max_new_tokens}
     if ignore_eos:
         sampling["ignore_eos"] = True
+    if logit_bias:
+        sampling["logit_bias"] = logit_bias
     key = "text" if isinstance(prompt, str) else "input_ids"
     return post_json(url + "/generate", {key: prompt, "sampling_params": sampling}, timeout)
 

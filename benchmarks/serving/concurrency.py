@@ -87,6 +87,9 @@ class Workload:
             # Later turns' new text: the tokens right after this session's slice (real, continuing text).
             ends = [off + body + k * new_tokens for k in range(turns)]
             self.later_text.append([self.corpus[a:b] for a, b in zip(ends, ends[1:])])
+        # --plain-replies: the template's special tokens barred from replies, so an ignore_eos reply stays one
+        # message (unbarred, a small model ends its answer and writes the next turn's markers itself)
+        self.plain_bias = {str(t): -100.0 for t in sorted(set(tok.all_special_ids))}
         firsts = {tuple(t[len(self.head): len(self.head) + 8]) for t in self.turn1}
         if len(firsts) != sessions:
             raise SystemExit("two sessions start with the same text: pick fewer sessions or a shorter prompt")
@@ -100,7 +103,7 @@ class Workload:
         return prompt + output_ids + self.next_user + self.later_text[i][turn - 2] + self.tail
 
 
-def run_sessions(url: str, wl: Workload, max_new: int, poll_s: float) -> dict:
+def run_sessions(url: str, wl: Workload, max_new: int, poll_s: float, plain: bool = False) -> dict:
     n = len(wl.turn1)
     results: list[dict] = [dict(session=i) for i in range(n)]
     errors: list[str] = []
@@ -117,7 +120,8 @@ def run_sessions(url: str, wl: Workload, max_new: int, poll_s: float) -> dict:
                 if turn > 1:
                     ids = wl.next_turn(i, ids, got, turn)
                 t0 = time.perf_counter()
-                out = generate(url, ids, max_new, ignore_eos=True, timeout=1800)
+                out = generate(url, ids, max_new, ignore_eos=True, timeout=1800,
+                               logit_bias=wl.plain_bias if plain else None)
                 dt = time.perf_counter() - t0
                 got = list(out.get("output_ids") or [])
                 meta = out.get("meta_info", {})
@@ -232,7 +236,7 @@ def run_mode(name: str, model_path: str, port: int, args, wl: Workload, ratio: f
             raise SystemExit(f"[{name}] server reports max_total_num_tokens={served_T}, asked "
                              f"{total_tokens}: the override did not take")
         log(f"[{name}] running {len(wl.turn1)} sessions x {wl.turns} turns")
-        run = run_sessions(srv.url, wl, args.max_new_tokens, args.poll)
+        run = run_sessions(srv.url, wl, args.max_new_tokens, args.poll, args.plain_replies)
         log(f"[{name}] done in {run['wall_s']:.1f} s, {len(run['errors'])} errors; reading /server_info")
         st = server_state(srv.url, timeout=120)
         findings = log_findings(srv.log_path)
@@ -396,6 +400,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stock-variants", nargs="+", default=["fcfs"], choices=list(STOCK_VARIANTS),
                     help="stock servers to run (the first must be fcfs, the reference of 'vs stock'): lpm = "
                     "--schedule-policy lpm; refresh = Tangram's waiting-queue refresh without a profile")
+    ap.add_argument("--plain-replies", action="store_true", help="bar the tokenizer's special tokens from replies "
+                    "(logit_bias): each reply one assistant message of --max-new-tokens, none ending early")
     ap.add_argument("--replies", nargs="+", default=["whole"], choices=["whole", "compressed"],
                     help="each Tangram ratio served once per --tangram-replies value (compressed: mode +replies)")
     ap.add_argument("--control", action="store_true", help="also serve a uniform ratio-1.0 profile of the model "
