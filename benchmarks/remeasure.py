@@ -154,10 +154,11 @@ FIGURES: tuple[Figure, ...] = (
                  "--new-tokens 150 --max-total-tokens 8192 --ratios 0.5 "
                  "--profile configs/qwen2.5-0.5b-fastkvzip.yaml --repeats 3 --stock-variants fcfs lpm --control"),
     # chat with long replies (192 tokens, over the 64 a closed message protects): the profile with replies kept
-    # whole (the default) and compressed once closed (--tangram-replies compressed, recomputed with the next turn)
+    # whole (the default) and compressed once closed (--tangram-replies compressed, recomputed with the next
+    # turn); one run, a trial (about 40 min: stock decodes 7 sessions at a time here)
     _concurrency("concurrency_long_replies", "--sessions 12 --turns 3 --prompt-tokens 600 --new-tokens 80 "
                  "--max-new-tokens 192 --max-total-tokens 6144 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml "
-                 "--plain-replies --replies whole compressed --repeats 2 --stock-variants fcfs lpm --control"),
+                 "--plain-replies --replies whole compressed --repeats 1 --stock-variants fcfs lpm --control"),
     _concurrency("concurrency_fp8", "--sessions 16 --turns 4 --prompt-tokens 1000 --new-tokens 150 --max-new-tokens 48 "
                  "--max-total-tokens 3072 --ratios 0.4 --profile configs/smollm2-fastkvzip.yaml "
                  "--kv-cache-dtype auto fp8_e4m3 --repeats 3 --stock-variants fcfs lpm"),

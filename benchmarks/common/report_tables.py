@@ -1379,7 +1379,7 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
                                   lambda: concurrency_headline("serving/concurrency_multiturn_r04.json"), None),
     "concurrency_long_replies": ("Multi-turn throughput with long replies (192 tokens, 12 sessions x 3 turns, "
                                  "a 6,144-token pool), SmolLM2 FastKVzip 0.4 with replies whole and compressed "
-                                 "(--tangram-replies), stock fcfs / lpm, the 1.0 control, 2 runs",
+                                 "(--tangram-replies), stock fcfs / lpm, the 1.0 control, one run (a trial)",
                                  lambda: concurrency_headline("serving/concurrency_long_replies.json"), None),
     "bench_serving": ("SGLang's own bench_serving, multi-turn (generated-shared-prefix, replies fed back), stock "
                       "against Tangram at the same KV bytes, 3 alternating runs",
