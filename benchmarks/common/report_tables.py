@@ -650,6 +650,19 @@ def repeats_row(name: str, model: str) -> list:
             link(name)]
 
 
+def per_mode_headline(name: str) -> str:
+    """Each Tangram server's turns/s over the best stock's of its repeat (median) and its later-turn reuse,
+    one server at a time (a run with several Tangram modes at one ratio, e.g. --replies whole compressed)."""
+    modes = load(name)["modes"]
+    best = best_stock(modes)
+    out = []
+    for mode in dict.fromkeys(m["mode"] for m in modes if m["ratio"] is not None):
+        ms = [m for m in modes if m["mode"] == mode]
+        vs = median([turns_per_s(m) / turns_per_s(best[m.get("repeat", 0)]) for m in ms])
+        out.append(f"{mode} {vs:.2f}x the best stock's turns/s, reusing {pct(median([later_reuse(m) for m in ms]))}")
+    return "; ".join(out) + f" ({len(best)} run{'s' if len(best) > 1 else ''})"
+
+
 BENCH_LOW = "serving/bench_serving_low_rate.json"
 
 
@@ -1380,7 +1393,7 @@ INDEX = {  # stem -> (what it measures, headline, command when the files do not 
     "concurrency_long_replies": ("Multi-turn throughput with long replies (192 tokens, 12 sessions x 3 turns, "
                                  "a 6,144-token pool), SmolLM2 FastKVzip 0.4 with replies whole and compressed "
                                  "(--tangram-replies), stock fcfs / lpm, the 1.0 control, one run (a trial)",
-                                 lambda: concurrency_headline("serving/concurrency_long_replies.json"), None),
+                                 lambda: per_mode_headline("serving/concurrency_long_replies.json"), None),
     "bench_serving": ("SGLang's own bench_serving, multi-turn (generated-shared-prefix, replies fed back), stock "
                       "against Tangram at the same KV bytes, 3 alternating runs",
                       lambda: " ".join(bench_serving_row()[1:3]).replace("**", ""), None),
