@@ -18,6 +18,15 @@ IDLE_ARGS = ["--sleep-on-idle"]
 IDLE_KWARGS = {"sleep_on_idle": True}
 
 
+def flush_engine(engine, tries: int = 60) -> None:
+    """Flush an Engine's radix cache (it refuses while requests run: retried every 0.5 s)."""
+    for _ in range(tries):
+        if engine.flush_cache().success:
+            return
+        time.sleep(0.5)
+    raise AssertionError("flush_cache never succeeded")
+
+
 def post(url: str, payload: dict | None = None, timeout: float = 180) -> tuple[int, object]:
     """(status, parsed JSON or raw text) of a POST, HTTP errors included."""
     data = json.dumps(payload).encode() if payload is not None else b""

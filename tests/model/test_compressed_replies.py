@@ -8,11 +8,10 @@ Integrity holds.
 """
 
 import atexit
-import time
 
 import pytest
 import sglang
-from served import IDLE_KWARGS
+from served import IDLE_KWARGS, flush_engine
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 NEW = 96   # a reply longer than the 64 newest tokens a closed message protects: compressed in part
@@ -22,14 +21,6 @@ SAMPLING = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
 def _ask(engine, ids):
     (o,) = engine.generate(input_ids=[ids], sampling_params=SAMPLING, return_logprob=True)
     return o["output_ids"], [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]], o["meta_info"]["cached_tokens"]
-
-
-def _flush(engine):
-    for _ in range(60):
-        if engine.flush_cache().success:
-            return
-        time.sleep(0.5)
-    raise AssertionError("flush_cache never succeeded")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +40,7 @@ def served(smollm2_path):
         prompts = [ids, ids + first[0] + tok.encode(f"<|im_end|>\n<|im_start|>user\n{users[1]}<|im_end|>\n"
                                                     "<|im_start|>assistant\n")]
         second = _ask(engine, prompts[1])
-        _flush(engine)
+        flush_engine(engine)
         flushed = _ask(engine, prompts[1])
         info = engine.get_server_info()["internal_states"][0]["tangram"]["pool_info"]
     finally:

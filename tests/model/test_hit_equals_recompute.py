@@ -14,23 +14,14 @@ counted in ``cached_tokens``.
 
 import atexit
 import os
-import time
 
 import pytest
 import sglang
-from served import IDLE_KWARGS
+from served import IDLE_KWARGS, flush_engine
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 NEW = 10
 SAMPLING = {"temperature": 0, "max_new_tokens": NEW, "ignore_eos": True}
-
-
-def _flush(engine):
-    for _ in range(60):
-        if engine.flush_cache().success:
-            return
-        time.sleep(0.5)
-    raise AssertionError("flush_cache never succeeded")
 
 
 def _ask(engine, prompts):
@@ -72,12 +63,12 @@ def served(smollm2_path):
         for conv_prompts in prompts:   # (b) the tree flushed before every turn: each history recomputed
             row = []
             for ids in conv_prompts:
-                _flush(engine)
+                flush_engine(engine)
                 row += _ask(engine, [ids])
             flushed.append(row)
-        _flush(engine)                 # (c) both final prompts in one batch
+        flush_engine(engine)                 # (c) both final prompts in one batch
         batch = _ask(engine, [p[-1] for p in prompts])
-        _flush(engine)                 # the shared system prompt: the second conversation's first turn
+        flush_engine(engine)                 # the shared system prompt: the second conversation's first turn
         first_a, first_b = _ask(engine, [prompts[0][0]])[0], _ask(engine, [prompts[1][0]])[0]
         sys_len = len(tok.apply_chat_template([{"role": "system", "content": system}], tokenize=True))
         info = engine.get_server_info()["internal_states"][0]["tangram"]["pool_info"]
